@@ -1,0 +1,1 @@
+"""The llmsuite engine: GGUF models, tokenizers, memory, contexts and sampling on NumPy."""

@@ -1,0 +1,170 @@
+"""Dequantize ggml block formats with vectorised NumPy.
+
+Each `_dequant_<type>` takes a `(n_blocks, type_size)` uint8 array and returns `(n_blocks, block)`
+float32, with ggml's arithmetic order (so results match `gguf.quants.dequantize` bit for bit).
+Types without a fast path here fall back to `gguf.quants`, which is correct but slow.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+
+from .errors import UnsupportedError
+
+CHUNK_BLOCKS = 1 << 16
+
+
+def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
+    """The f16 field at byte `start` of each block, as a float32 column."""
+    return blocks[:, start:start + 2].copy().view(np.float16).astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """(n, 16) packed bytes → (n, 32): low nibbles first, then high nibbles (ggml's Q4 order)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=1)
+
+
+def _high_bits(qh_bytes: np.ndarray) -> np.ndarray:
+    """(n, 4) little-endian bit field → (n, 32) bits, bit j for element j."""
+    return np.unpackbits(qh_bytes, axis=1, bitorder="little")
+
+
+def _dequant_q4_0(b):
+    d = _f16(b, 0)
+    return (_nibbles(b[:, 2:18]).astype(np.int8) - 8).astype(np.float32) * d
+
+
+def _dequant_q4_1(b):
+    d, m = _f16(b, 0), _f16(b, 2)
+    return _nibbles(b[:, 4:20]).astype(np.float32) * d + m
+
+
+def _dequant_q5_0(b):
+    d = _f16(b, 0)
+    q = _nibbles(b[:, 6:22]) | (_high_bits(b[:, 2:6]) << 4)
+    return (q.astype(np.int8) - 16).astype(np.float32) * d
+
+
+def _dequant_q5_1(b):
+    d, m = _f16(b, 0), _f16(b, 2)
+    q = _nibbles(b[:, 8:24]) | (_high_bits(b[:, 4:8]) << 4)
+    return q.astype(np.float32) * d + m
+
+
+def _dequant_q8_0(b):
+    d = _f16(b, 0)
+    return b[:, 2:34].view(np.int8).astype(np.float32) * d
+
+
+def _k_scales_mins(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unpack the 12-byte 6-bit scales/mins of Q4_K and Q5_K into two (n, 8) arrays."""
+    sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 0x0F) | ((s[:, 0:4] >> 6) << 4)], axis=1)
+    mn = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], axis=1)
+    return sc.astype(np.float32), mn.astype(np.float32)
+
+
+def _dequant_q4_k(b):
+    n = len(b)
+    d, dmin = _f16(b, 0), _f16(b, 2)
+    sc, mn = _k_scales_mins(b[:, 4:16])
+    qs = b[:, 16:144].reshape(n, 4, 1, 32)
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(n, 8, 32)
+    return ((d * sc)[:, :, None] * q - (dmin * mn)[:, :, None]).reshape(n, 256)
+
+
+def _dequant_q5_k(b):
+    n = len(b)
+    d, dmin = _f16(b, 0), _f16(b, 2)
+    sc, mn = _k_scales_mins(b[:, 4:16])
+    qh = b[:, 16:48]
+    qs = b[:, 48:176].reshape(n, 4, 1, 32)
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(n, 8, 32)
+    high = (qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
+    q = q + (high << 4)
+    return ((d * sc)[:, :, None] * q - (dmin * mn)[:, :, None]).reshape(n, 256)
+
+
+def _dequant_q6_k(b):
+    n = len(b)
+    ql = b[:, 0:128].reshape(n, 2, 2, 32)
+    qh = b[:, 128:192].reshape(n, 2, 1, 32)
+    sc = b[:, 192:208].view(np.int8).astype(np.float32)
+    d = _f16(b, 208)
+    low = np.concatenate([ql & 0x0F, ql >> 4], axis=2)  # (n, half, 4, 32): k = 0..3
+    high = (qh >> (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]) & 3
+    q = ((low | (high << 4)).astype(np.int8) - 32).astype(np.float32)
+    return ((d * sc)[:, :, None] * q.reshape(n, 16, 16)).reshape(n, 256)
+
+
+def _dequant_q2_k(b):
+    n = len(b)
+    scales = b[:, 0:16]
+    qs = b[:, 16:80].reshape(n, 2, 1, 2, 16)
+    d, dmin = _f16(b, 80), _f16(b, 82)
+    q = (qs >> (2 * np.arange(4, dtype=np.uint8))[None, None, :, None, None]) & 3
+    dl = d * (scales & 0x0F).astype(np.float32)
+    ml = dmin * (scales >> 4).astype(np.float32)
+    return (dl[:, :, None] * q.reshape(n, 16, 16) - ml[:, :, None]).reshape(n, 256)
+
+
+def _q3_k_scales(s: np.ndarray) -> np.ndarray:
+    lo = np.concatenate([s[:, 0:8] & 0x0F, s[:, 0:8] >> 4], axis=1)
+    hi_src = s[:, 8:12]
+    hi = np.concatenate([(hi_src >> shift) & 3 for shift in (0, 2, 4, 6)], axis=1)
+    return (lo | (hi << 4)).astype(np.int8).astype(np.float32) - 32
+
+
+def _dequant_q3_k(b):
+    n = len(b)
+    hmask = b[:, 0:32].reshape(n, 1, 1, 2, 16)
+    qs = b[:, 32:96].reshape(n, 2, 1, 2, 16)
+    sc = _q3_k_scales(b[:, 96:108])
+    d = _f16(b, 108)
+    shifts = np.arange(4, dtype=np.uint8)[None, None, :, None, None]
+    q = ((qs >> (2 * shifts)) & 3).astype(np.int8)
+    bit = (4 * np.arange(2, dtype=np.uint8))[None, :, None, None, None] + shifts
+    q = q - np.where((hmask >> bit) & 1, 0, 4).astype(np.int8)
+    return ((d * sc)[:, :, None] * q.reshape(n, 16, 16).astype(np.float32)).reshape(n, 256)
+
+
+_FAST = {
+    T.Q4_0: _dequant_q4_0, T.Q4_1: _dequant_q4_1,
+    T.Q5_0: _dequant_q5_0, T.Q5_1: _dequant_q5_1,
+    T.Q8_0: _dequant_q8_0,
+    T.Q2_K: _dequant_q2_k, T.Q3_K: _dequant_q3_k,
+    T.Q4_K: _dequant_q4_k, T.Q5_K: _dequant_q5_k, T.Q6_K: _dequant_q6_k,
+}
+FAST_TYPES = frozenset(_FAST) | {T.F32, T.F16, T.BF16}
+
+
+def dequantize(raw: np.ndarray, qtype: T, n_elements: int, name: str = "", dtype=np.float32) -> np.ndarray:
+    """Flat `dtype` array of `n_elements` values from the raw bytes of one tensor."""
+    if qtype == T.F32:
+        return raw.view(np.float32)[:n_elements].astype(dtype, copy=True)
+    if qtype == T.F16:
+        return raw.view(np.float16)[:n_elements].astype(dtype)
+    if qtype == T.BF16:
+        return (raw.view(np.uint16)[:n_elements].astype(np.uint32) << 16).view(np.float32).astype(dtype, copy=False)
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    blocks = raw.reshape(-1, type_size)
+    kernel = _FAST.get(qtype) or _gguf_fallback(qtype, name)
+    out = np.empty((len(blocks), block), dtype=dtype)
+    for start in range(0, len(blocks), CHUNK_BLOCKS):
+        out[start:start + CHUNK_BLOCKS] = kernel(blocks[start:start + CHUNK_BLOCKS])
+    return out.reshape(-1)[:n_elements]
+
+
+def _gguf_fallback(qtype: T, name: str):
+    from gguf import quants
+
+    block, _ = GGML_QUANT_SIZES[qtype]
+
+    def kernel(blocks: np.ndarray) -> np.ndarray:
+        try:
+            return quants.dequantize(blocks, qtype).reshape(len(blocks), block)
+        except NotImplementedError:
+            raise UnsupportedError(f"tensor '{name}' uses type {qtype.name}, which cannot be dequantized") from None
+
+    return kernel
+
