@@ -1,0 +1,61 @@
+"""`Graph`: one ubatch in flight. A model's forward pass is written against these helpers; the
+only door to the memory is `attn`, and every numeric op goes through the backend."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class Graph:
+    def __init__(self, model, mctx, backend):
+        self.hp = model.hparams
+        self.mctx = mctx
+        self.ub = mctx.ubatch
+        self.ops = backend
+        self.n_tokens = self.ub.n_tokens
+        self.out_rows = np.flatnonzero(self.ub.output)
+        self._rope_tables: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
+
+    def inp_embd(self, table: np.ndarray, scale: float | None = None) -> np.ndarray:
+        x = self.ops.get_rows(table, self.ub.tokens)
+        if scale is not None:
+            x *= np.float32(scale)
+        return x
+
+    def norm(self, x: np.ndarray, weight: np.ndarray | None) -> np.ndarray:
+        return self.ops.rms_norm(x, weight, self.hp.rms_eps)
+
+    def linear(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        return self.ops.matmul(x, weight)
+
+    def rope(self, x: np.ndarray, il: int) -> np.ndarray:
+        """RoPE at the ubatch positions with layer il's frequency base."""
+        key = (self.hp.rope_base(il), self.hp.rope_freq_scale)
+        if key not in self._rope_tables:
+            self._rope_tables[key] = self.ops.rope_cache(self.ub.pos, self.hp.n_rot, *key)
+        cos, sin = self._rope_tables[key]
+        return self.ops.rope(x, cos, sin, neox=self.hp.rope_neox)
+
+    def attn(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
+        """Store this ubatch's K/V for layer il, attend over the cache; returns (n_tokens, n_head*d_v)."""
+        kv = self.mctx.layer(il)
+        kv.store(il, k, v)
+        keys, values = kv.kv(il)
+        out = self.ops.flash_attn_ext(q, keys, values, kv.mask, scale)
+        return out.reshape(len(q), -1)
+
+    def ffn(self, x: np.ndarray, gate_up: np.ndarray, down: np.ndarray, act: str) -> np.ndarray:
+        """Gated feed-forward with the gate and up projections fused into one weight."""
+        h = self.ops.matmul(x, gate_up)
+        n_ff = h.shape[-1] // 2
+        gated = getattr(self.ops, act)(h[:, :n_ff], h[:, n_ff:])
+        return self.ops.matmul(gated, down)
+
+    def select_outputs(self, *xs: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Keep only the rows that produce outputs (done before the last layer's FFN)."""
+        if len(self.out_rows) == self.n_tokens:
+            return xs
+        return tuple(x[self.out_rows] for x in xs)
+
+    def logits(self, x: np.ndarray, norm_weight: np.ndarray, head: np.ndarray) -> np.ndarray:
+        return self.ops.matmul(self.norm(x, norm_weight), head)

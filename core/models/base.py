@@ -1,0 +1,165 @@
+"""What every architecture shares: typed hyper-parameters, weight loading, the default memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar
+
+import numpy as np
+
+from ..errors import ModelFileError, UnsupportedError
+from ..gguf import GGUFFile
+from ..memory import KVCache, KVCacheISWA, LayerShape, Memory
+from ..vocab import Vocab
+
+ProgressFn = Callable[[int, int], None]
+
+
+@dataclass
+class HParams:
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    n_ff: int
+    n_rot: int
+    rms_eps: float
+    rope_freq_base: float = 10000.0
+    rope_freq_scale: float = 1.0
+    rope_neox: bool = False
+    n_swa: int = 0
+    swa_layers: frozenset[int] = field(default_factory=frozenset)
+    rope_freq_base_swa: float | None = None
+
+    def is_swa(self, il: int) -> bool:
+        return il in self.swa_layers
+
+    def rope_base(self, il: int) -> float:
+        if self.rope_freq_base_swa is not None and self.is_swa(il):
+            return self.rope_freq_base_swa
+        return self.rope_freq_base
+
+    @property
+    def n_embd_k_gqa(self) -> int:
+        return self.n_head_kv * self.head_dim_k
+
+    @property
+    def n_embd_v_gqa(self) -> int:
+        return self.n_head_kv * self.head_dim_v
+
+
+def _int_key(gguf: GGUFFile, key: str, default: int | None = None) -> int:
+    value = gguf.get(key, default)
+    if value is None:
+        raise ModelFileError(f"{gguf.path}: required metadata '{key}' is missing")
+    if isinstance(value, np.ndarray):
+        if value.size and np.all(value == value.flat[0]):
+            return int(value.flat[0])
+        raise UnsupportedError(f"{gguf.path}: per-layer values for '{key}' are not supported")
+    return int(value)
+
+
+def read_hparams(gguf: GGUFFile, arch: str) -> HParams:
+    """The hyper-parameters every decoder-only transformer GGUF carries."""
+    key = lambda name: f"{arch}.{name}"  # noqa: E731
+    n_embd = _int_key(gguf, key("embedding_length"))
+    n_head = _int_key(gguf, key("attention.head_count"))
+    if n_head <= 0 or n_embd <= 0:
+        raise ModelFileError(f"{gguf.path}: embedding_length and head_count must be positive")
+    head_dim_k = _int_key(gguf, key("attention.key_length"), n_embd // n_head)
+    tokens = gguf.get("tokenizer.ggml.tokens") or []
+    n_head_kv = _int_key(gguf, key("attention.head_count_kv"), n_head)
+    if n_head_kv <= 0 or n_head % n_head_kv:
+        raise ModelFileError(f"{gguf.path}: head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
+    return HParams(
+        n_vocab=_int_key(gguf, key("vocab_size"), len(tokens)),
+        n_ctx_train=_int_key(gguf, key("context_length")),
+        n_embd=n_embd,
+        n_layer=_int_key(gguf, key("block_count")),
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim_k=head_dim_k,
+        head_dim_v=_int_key(gguf, key("attention.value_length"), head_dim_k),
+        n_ff=_int_key(gguf, key("feed_forward_length")),
+        n_rot=_int_key(gguf, key("rope.dimension_count"), head_dim_k),
+        rms_eps=float(gguf.get(key("attention.layer_norm_rms_epsilon"), 1e-5)),
+        rope_freq_base=float(gguf.get(key("rope.freq_base"), 10000.0)),
+        rope_freq_scale=1.0 / float(gguf.get(key("rope.scale_linear"), 1.0)),
+    )
+
+
+@dataclass
+class MemoryParams:
+    n_ctx: int
+    n_ubatch: int
+    n_seq_max: int = 1
+    type_k: str = "f32"
+    type_v: str = "f32"
+    swa_full: bool = False
+
+
+class Model:
+    """Base class of an architecture: `load_hparams`, `load_tensors`, `forward`, `create_memory`."""
+
+    arch: ClassVar[str] = ""
+
+    def __init__(self, gguf: GGUFFile, progress: ProgressFn | None = None):
+        self.path = gguf.path
+        self.hparams = self.load_hparams(gguf)
+        self.vocab = Vocab(gguf)
+        if self.hparams.n_vocab != self.vocab.n_tokens:
+            raise ModelFileError(f"{gguf.path}: vocab_size {self.hparams.n_vocab} differs from the "
+                                 f"{self.vocab.n_tokens} tokens of the tokenizer")
+        self._progress = progress
+        self._loaded = 0
+        self.load_tensors(gguf)
+
+    def load_hparams(self, gguf: GGUFFile) -> HParams:
+        return read_hparams(gguf, self.arch)
+
+    def load_tensors(self, gguf: GGUFFile) -> None:
+        raise NotImplementedError
+
+    def forward(self, g) -> np.ndarray:
+        """Run one ubatch; return the logits of its output rows, (n_outputs, n_vocab)."""
+        raise NotImplementedError
+
+    def create_memory(self, params: MemoryParams) -> Memory:
+        hp = self.hparams
+        layers = {il: LayerShape(hp.n_head_kv, hp.head_dim_k, hp.head_dim_v) for il in range(hp.n_layer)}
+        if hp.n_swa > 0 and hp.swa_layers:
+            return KVCacheISWA(layers, set(hp.swa_layers), params.n_ctx, hp.n_swa, params.n_ubatch,
+                               params.n_seq_max, params.type_k, params.type_v, params.swa_full)
+        return KVCache(layers, params.n_ctx, params.n_seq_max, params.type_k, params.type_v)
+
+    # ---- weight loading helpers ----------------------------------------------------------
+
+    def weight(self, gguf: GGUFFile, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """Dequantize tensor `name`, checking its NumPy shape."""
+        info = gguf.tensor_info(name)
+        if info.numpy_shape != tuple(shape):
+            raise ModelFileError(f"{gguf.path}: tensor '{name}' has shape {list(info.numpy_shape)}, "
+                                 f"expected {list(shape)}")
+        out = gguf.load(name)
+        self._loaded += info.n_bytes
+        if self._progress:
+            self._progress(self._loaded, self._total_bytes(gguf))
+        return out
+
+    def fused(self, gguf: GGUFFile, names_shapes: list[tuple[str, tuple[int, int]]]) -> np.ndarray:
+        """Several (n_out_i, n_in) weights stacked into one (sum n_out_i, n_in) matrix."""
+        return np.concatenate([self.weight(gguf, n, s) for n, s in names_shapes], axis=0)
+
+    @staticmethod
+    def _total_bytes(gguf: GGUFFile) -> int:
+        return sum(t.n_bytes for t in gguf.tensors.values())
+
+    def output_head(self, gguf: GGUFFile, token_embd: np.ndarray) -> np.ndarray:
+        """The lm head: `output.weight`, or the token embeddings when they are tied."""
+        if "output.weight" in gguf.tensors:
+            return self.weight(gguf, "output.weight", (self.hparams.n_vocab, self.hparams.n_embd))
+        return token_embd

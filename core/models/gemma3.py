@@ -1,0 +1,88 @@
+"""Gemma 3: scaled embeddings, q/k RMSNorm, pre- and post-norms, GeGLU, and interleaved
+sliding-window attention (5 local layers with their own RoPE base, then 1 global)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..gguf import GGUFFile
+from .base import HParams, Model, read_hparams
+from .registry import register
+
+SWA_PATTERN = 6  # every 6th layer is global
+ROPE_BASE_LOCAL = 10000.0
+
+
+@dataclass
+class Gemma3Layer:
+    attn_norm: np.ndarray
+    wqkv: np.ndarray
+    q_norm: np.ndarray
+    k_norm: np.ndarray
+    wo: np.ndarray
+    post_attn_norm: np.ndarray
+    ffn_norm: np.ndarray
+    ffn_gate_up: np.ndarray
+    ffn_down: np.ndarray
+    post_ffn_norm: np.ndarray
+
+
+@register("gemma3")
+class Gemma3(Model):
+    arch = "gemma3"
+
+    def load_hparams(self, gguf: GGUFFile) -> HParams:
+        hp = read_hparams(gguf, self.arch)
+        hp.rope_neox = True
+        hp.n_swa = int(gguf.get("gemma3.attention.sliding_window", 0))
+        if hp.n_swa > 0:
+            hp.swa_layers = frozenset(il for il in range(hp.n_layer) if il % SWA_PATTERN < SWA_PATTERN - 1)
+            hp.rope_freq_base_swa = ROPE_BASE_LOCAL
+        return hp
+
+    def load_tensors(self, gguf: GGUFFile) -> None:
+        hp = self.hparams
+        n_q, n_kv = hp.n_head * hp.head_dim_k, hp.n_embd_k_gqa
+        self.token_embd = self.weight(gguf, "token_embd.weight", (hp.n_vocab, hp.n_embd))
+        self.layers = []
+        for il in range(hp.n_layer):
+            blk = f"blk.{il}"
+            self.layers.append(Gemma3Layer(
+                attn_norm=self.weight(gguf, f"{blk}.attn_norm.weight", (hp.n_embd,)),
+                wqkv=self.fused(gguf, [(f"{blk}.attn_q.weight", (n_q, hp.n_embd)),
+                                       (f"{blk}.attn_k.weight", (n_kv, hp.n_embd)),
+                                       (f"{blk}.attn_v.weight", (hp.n_embd_v_gqa, hp.n_embd))]),
+                q_norm=self.weight(gguf, f"{blk}.attn_q_norm.weight", (hp.head_dim_k,)),
+                k_norm=self.weight(gguf, f"{blk}.attn_k_norm.weight", (hp.head_dim_k,)),
+                wo=self.weight(gguf, f"{blk}.attn_output.weight", (hp.n_embd, hp.n_head * hp.head_dim_v)),
+                post_attn_norm=self.weight(gguf, f"{blk}.post_attention_norm.weight", (hp.n_embd,)),
+                ffn_norm=self.weight(gguf, f"{blk}.ffn_norm.weight", (hp.n_embd,)),
+                ffn_gate_up=self.fused(gguf, [(f"{blk}.ffn_gate.weight", (hp.n_ff, hp.n_embd)),
+                                              (f"{blk}.ffn_up.weight", (hp.n_ff, hp.n_embd))]),
+                ffn_down=self.weight(gguf, f"{blk}.ffn_down.weight", (hp.n_embd, hp.n_ff)),
+                post_ffn_norm=self.weight(gguf, f"{blk}.post_ffw_norm.weight", (hp.n_embd,)),
+            ))
+        self.output_norm = self.weight(gguf, "output_norm.weight", (hp.n_embd,))
+        self.output = self.output_head(gguf, self.token_embd)
+
+    def forward(self, g) -> np.ndarray:
+        hp = self.hparams
+        n_q, n_kv = hp.n_head * hp.head_dim_k, hp.n_embd_k_gqa
+        # the query scale (query_pre_attn_scalar) is applied to q; attention itself scales by 1
+        q_scale = np.float32(1.0 / math.sqrt(hp.head_dim_k))
+        x = g.inp_embd(self.token_embd, scale=math.sqrt(hp.n_embd))
+        for il, layer in enumerate(self.layers):
+            qkv = g.linear(g.norm(x, layer.attn_norm), layer.wqkv)
+            q = g.norm(qkv[:, :n_q].reshape(-1, hp.n_head, hp.head_dim_k), layer.q_norm)
+            k = g.norm(qkv[:, n_q:n_q + n_kv].reshape(-1, hp.n_head_kv, hp.head_dim_k), layer.k_norm)
+            v = qkv[:, n_q + n_kv:].reshape(-1, hp.n_head_kv, hp.head_dim_v)
+            attn = g.attn(il, g.rope(q, il) * q_scale, g.rope(k, il), v, scale=1.0)
+            if il == hp.n_layer - 1:
+                attn, x = g.select_outputs(attn, x)
+            x = x + g.norm(g.linear(attn, layer.wo), layer.post_attn_norm)
+            h = g.ffn(g.norm(x, layer.ffn_norm), layer.ffn_gate_up, layer.ffn_down, "geglu")
+            x = x + g.norm(h, layer.post_ffn_norm)
+        return g.logits(x, self.output_norm, self.output)
