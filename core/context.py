@@ -56,7 +56,7 @@ class PerfCounters:
 
 
 class Context:
-    def __init__(self, model: Model, params: ContextParams | None = None):
+    def __init__(self, model: Model, params: ContextParams | None = None, observer=None):
         params = params or ContextParams()
         hp = model.hparams
         if params.n_ctx <= 0:
@@ -79,6 +79,7 @@ class Context:
         self.output_ids = np.empty(0, dtype=np.int64)  # batch index → logits row (-1: no output)
         self.perf = PerfCounters()
         self.last_error = ""
+        self.observer = observer  # observer(name, ubatch, tensor) sees named intermediates
 
     @property
     def n_ctx(self) -> int:
@@ -106,7 +107,7 @@ class Context:
             ub = mctx.ubatch
             try:
                 mctx.apply()
-                out = self.model.forward(Graph(self.model, mctx, self.backend))
+                out = self.model.forward(Graph(self.model, mctx, self.backend, self.observer))
             except KeyboardInterrupt:
                 self._roll_back(ub)
                 return self._fail(DecodeStatus.ABORTED, "interrupted")

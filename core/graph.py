@@ -7,14 +7,21 @@ import numpy as np
 
 
 class Graph:
-    def __init__(self, model, mctx, backend):
+    def __init__(self, model, mctx, backend, observer=None):
         self.hp = model.hparams
+        self.observer = observer
         self.mctx = mctx
         self.ub = mctx.ubatch
         self.ops = backend
         self.n_tokens = self.ub.n_tokens
         self.out_rows = np.flatnonzero(self.ub.output)
         self._rope_tables: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
+
+    def cb(self, name: str, il: int, x: np.ndarray) -> np.ndarray:
+        """Show a named intermediate tensor to the observer, if any (llama.cpp's cb_eval)."""
+        if self.observer is not None:
+            self.observer(f"{name}-{il}" if il >= 0 else name, self.ub, x)
+        return x
 
     def inp_embd(self, table: np.ndarray, scale: float | None = None) -> np.ndarray:
         x = self.ops.get_rows(table, self.ub.tokens)
@@ -58,4 +65,4 @@ class Graph:
         return tuple(x[self.out_rows] for x in xs)
 
     def logits(self, x: np.ndarray, norm_weight: np.ndarray, head: np.ndarray) -> np.ndarray:
-        return self.ops.matmul(self.norm(x, norm_weight), head)
+        return self.ops.matmul(self.cb("result_norm", -1, self.norm(x, norm_weight)), head)

@@ -111,6 +111,8 @@ class Model:
         self.path = gguf.path
         self.hparams = self.load_hparams(gguf)
         self.vocab = Vocab(gguf)
+        self.chat_template = gguf.get("tokenizer.chat_template")
+        self.name = gguf.get("general.name") or gguf.path.stem
         if self.hparams.n_vocab != self.vocab.n_tokens:
             raise ModelFileError(f"{gguf.path}: vocab_size {self.hparams.n_vocab} differs from the "
                                  f"{self.vocab.n_tokens} tokens of the tokenizer")

@@ -84,5 +84,5 @@ class Gemma3(Model):
                 attn, x = g.select_outputs(attn, x)
             x = x + g.norm(g.linear(attn, layer.wo), layer.post_attn_norm)
             h = g.ffn(g.norm(x, layer.ffn_norm), layer.ffn_gate_up, layer.ffn_down, "geglu")
-            x = x + g.norm(h, layer.post_ffn_norm)
+            x = g.cb("l_out", il, x + g.norm(h, layer.post_ffn_norm))
         return g.logits(x, self.output_norm, self.output)

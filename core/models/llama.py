@@ -62,4 +62,5 @@ class Llama(Model):
                 attn, x = g.select_outputs(attn, x)
             x = x + g.linear(attn, layer.wo)
             x = x + g.ffn(g.norm(x, layer.ffn_norm), layer.ffn_gate_up, layer.ffn_down, "swiglu")
+            g.cb("l_out", il, x)
         return g.logits(x, self.output_norm, self.output)

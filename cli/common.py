@@ -1,0 +1,79 @@
+"""What every subcommand shares: the stderr console, Rich progress, model loading."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeRemainingColumn
+
+from llmsuite.core import hub
+from llmsuite.core.models import Model, load_model
+
+err_console = Console(stderr=True, highlight=False)
+
+
+class RichReporter:
+    """hub.Reporter on a Rich progress display (stderr, only when it is a terminal)."""
+
+    def __init__(self, progress: Progress):
+        self.progress = progress
+
+    def task(self, description: str, total: int | None):
+        task_id = self.progress.add_task(description, total=total)
+        return _RichTask(self.progress, task_id)
+
+
+class _RichTask:
+    def __init__(self, progress: Progress, task_id):
+        self.progress, self.task_id = progress, task_id
+
+    def advance(self, n: int) -> None:
+        self.progress.advance(self.task_id, n)
+
+
+@contextmanager
+def progress_display():
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                        TimeRemainingColumn(), console=err_console, transient=True,
+                        disable=not err_console.is_terminal)
+    with progress:
+        yield progress
+
+
+def resolve(spec: str | None) -> Path:
+    with progress_display() as progress:
+        return hub.resolve_model(spec, RichReporter(progress))
+
+
+def open_model(spec: str | None) -> tuple[Model, float]:
+    """Resolve `-m`, load the model with a progress bar; returns (model, load seconds)."""
+    path = resolve(spec)
+    t0 = time.perf_counter()
+    with progress_display() as progress:
+        task = progress.add_task(f"loading {path.name}", total=None)
+
+        def report(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        model = load_model(path, report)
+    return model, time.perf_counter() - t0
+
+
+def read_text_file(path: Path) -> str:
+    """Read a prompt file like llama.cpp's -f: UTF-8, one trailing newline removed."""
+    from llmsuite.core.errors import InvalidInputError
+
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise InvalidInputError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InvalidInputError(f"{path}: is a directory") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInputError(f"{path}: is not UTF-8 text") from None
+    return text[:-1] if text.endswith("\n") else text
