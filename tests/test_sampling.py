@@ -1,0 +1,60 @@
+import numpy as np
+import pytest
+
+from llmsuite.core.sampling import Sampler, SamplerParams
+
+
+def logits_with(values: dict[int, float], n: int = 100) -> np.ndarray:
+    out = np.full(n, -5.0, np.float32)
+    for i, v in values.items():
+        out[i] = v
+    return out
+
+
+def test_temp_zero_is_argmax():
+    s = Sampler(SamplerParams(temp=0.0, seed=1))
+    assert s.sample(logits_with({7: 3.0, 8: 2.9})) == 7
+
+
+def test_seeded_runs_repeat_and_differ_across_seeds():
+    logits = np.random.default_rng(0).standard_normal(500).astype(np.float32)
+    runs = lambda seed: (lambda s: [s.sample(logits) for _ in range(20)])(
+        Sampler(SamplerParams(seed=seed, top_k=0, top_p=1.0, min_p=0.0)))
+    assert runs(42) == runs(42)
+    assert runs(42) != runs(43)
+
+
+def test_top_k_limits_candidates():
+    logits = logits_with({1: 5.0, 2: 4.9, 3: 4.8})
+    s = Sampler(SamplerParams(seed=3, top_k=2, top_p=1.0, min_p=0.0, temp=100.0))
+    assert {s.sample(logits) for _ in range(200)} == {1, 2}
+
+
+def test_min_p_drops_unlikely_tokens():
+    logits = logits_with({1: 5.0, 2: 5.0 + np.log(0.2), 3: 5.0 + np.log(0.01)})
+    s = Sampler(SamplerParams(seed=3, top_k=0, top_p=1.0, min_p=0.05, temp=1.0))
+    assert {s.sample(logits) for _ in range(300)} == {1, 2}
+
+
+def test_top_p_keeps_smallest_prefix():
+    logits = logits_with({1: np.log(0.6), 2: np.log(0.3), 3: np.log(0.1)}, n=4)
+    logits[0] = -np.inf
+    s = Sampler(SamplerParams(seed=5, top_k=0, top_p=0.85, min_p=0.0, temp=1.0))
+    assert {s.sample(logits) for _ in range(300)} == {1, 2}
+
+
+def test_repeat_penalty_follows_llama_cpp():
+    s = Sampler(SamplerParams(temp=0.0, repeat_penalty=2.0, repeat_last_n=4))
+    for tok in (1, 2):
+        s.accept(tok)
+    out = s._apply_penalties(logits_with({1: 4.0, 2: -1.0, 3: 2.5}))
+    assert out[1] == 2.0 and out[2] == -2.0 and out[3] == 2.5
+    assert s.sample(logits_with({1: 4.0, 3: 2.5})) == 3
+
+
+@pytest.mark.parametrize("params, chain", [
+    (SamplerParams(), "logits -> ?penalties -> top-k -> top-p -> min-p -> temp-ext -> dist"),
+    (SamplerParams(repeat_penalty=1.1, top_k=0), "logits -> penalties -> ?top-k -> top-p -> min-p -> temp-ext -> dist"),
+])
+def test_chain_description(params, chain):
+    assert Sampler(params).describe() == chain
