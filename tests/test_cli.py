@@ -79,3 +79,18 @@ def test_pull_without_network(tmp_path):
 def test_models_lists_known_models():
     r = llm("models")
     assert r.returncode == 0 and "smollm2-135m" in r.stdout and "gemma3-270m" in r.stdout
+
+
+def test_unknown_architecture_and_tensor_type(tmp_path):
+    from ggufmake import set_tensor_type, write_gguf
+
+    mamba = write_gguf(tmp_path / "mamba.gguf", "mamba")
+    assert_one_line_error(llm("generate", "-m", str(mamba), "-p", "hi"), "unknown architecture 'mamba'")
+    odd = write_gguf(tmp_path / "odd.gguf", "llama")
+    set_tensor_type(odd, "dummy.weight", 77)
+    assert_one_line_error(llm("info", str(odd)), "unknown tensor type id 77")
+
+
+def test_prompt_file_errors(tmp_path):
+    assert_one_line_error(llm("generate", "-m", str(TINY_GEMMA3), "-f", str(tmp_path / "none.txt")), "no such file")
+    assert_one_line_error(llm("generate", "-m", str(TINY_GEMMA3), "-f", str(TINY_GEMMA3), "-p", "x"), "not both")

@@ -72,3 +72,15 @@ def test_streamer_holds_back_partial_utf8():
 def test_regex_split_keeps_gaps():
     assert regex_split("ab12c", [r"\p{N}"]) == ["ab", "1", "2", "c"]
     assert regex_split("", [r"\p{N}"]) == []
+
+
+@pytest.mark.parametrize("pre, text, pieces", [
+    ("llama3", "I'M 12345 apples\n\n", ["I", "'M", " ", "123", "45", " apples", "\n\n"]),
+    ("qwen2", "x 12345", ["x", " ", "1", "2", "3", "4", "5"]),
+    ("gpt-2", "it's  ok!!", ["it", "'s", " ", " ok", "!!"]),
+    ("smollm", "a12 b", ["a", "1", "2", " b"]),
+])
+def test_pre_tokenizer_regexes(pre, text, pieces):
+    from llmsuite.core.vocab import _PRE_TOKENIZERS
+
+    assert regex_split(text, _PRE_TOKENIZERS[pre][0]) == pieces
