@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
 import numpy as np
@@ -57,7 +57,7 @@ class PerfCounters:
 
 class Context:
     def __init__(self, model: Model, params: ContextParams | None = None, observer=None):
-        params = params or ContextParams()
+        params = replace(params) if params else ContextParams()
         hp = model.hparams
         if params.n_ctx <= 0:
             params.n_ctx = hp.n_ctx_train
@@ -114,6 +114,9 @@ class Context:
             except (MemoryError, FloatingPointError) as e:
                 self._roll_back(ub)
                 return self._fail(DecodeStatus.COMPUTE_FAILED, f"compute failed: {e}")
+            except Exception:
+                self._roll_back(ub)  # a bug: keep memory consistent, then surface it
+                raise
             n_out = ub.n_outputs
             logits[row:row + n_out] = out
             output_ids[ub.batch_idx[ub.output]] = np.arange(row, row + n_out)

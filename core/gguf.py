@@ -23,14 +23,6 @@ GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4
 
-_SCALAR_FORMATS = {
-    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b",
-    GGUFValueType.UINT16: "<H", GGUFValueType.INT16: "<h",
-    GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
-    GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?",
-    GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q",
-    GGUFValueType.FLOAT64: "<d",
-}
 _NUMPY_TYPES = {
     GGUFValueType.UINT8: "<u1", GGUFValueType.INT8: "<i1",
     GGUFValueType.UINT16: "<u2", GGUFValueType.INT16: "<i2",
@@ -92,10 +84,13 @@ class _Cursor:
         if vtype == GGUFValueType.ARRAY:
             return self.array(what)
         try:
-            fmt = _SCALAR_FORMATS[GGUFValueType(vtype)]
+            dtype = np.dtype(_NUMPY_TYPES[GGUFValueType(vtype)])
         except (ValueError, KeyError):
             raise self.fail(f"{what} has unknown value type {vtype}") from None
-        return self.scalar(fmt, what)
+        self.need(dtype.itemsize, what)
+        value = np.frombuffer(self.buf, dtype=dtype, count=1, offset=self.pos)[0].item()
+        self.pos += dtype.itemsize
+        return value
 
     def array(self, what: str):
         etype = self.scalar("<I", what)

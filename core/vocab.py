@@ -41,17 +41,15 @@ _QWEN2 = _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
 _PRE_TOKENIZERS: dict[str, tuple[list[str], dict]] = {
     "default": ([r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"], {}),
     "gpt-2": ([_GPT2], {}),
-    "smollm": ([r"\p{N}", _GPT2], {"clean_spaces": False}),
-    "starcoder": ([r"\p{N}", _GPT2], {}),
-    "refact": ([r"\p{N}", _GPT2], {}),
-    "command-r": ([r"\p{N}", _GPT2], {"clean_spaces": False}),
+    "smollm": ([r"\p{N}", _GPT2], {}),
     "llama3": ([_LLAMA3], {"ignore_merges": True, "add_bos": True}),
-    "qwen2": ([_QWEN2], {"clean_spaces": False}),
+    "qwen2": ([_QWEN2], {}),
     "falcon": ([r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, r"[0-9][0-9][0-9]"], {}),
 }
 _PRE_ALIASES = {
     "phi-2": "gpt-2", "mpt": "gpt-2", "olmo": "gpt-2", "jina-es": "gpt-2", "jina-de": "gpt-2",
-    "codeshell": "starcoder", "exaone": "starcoder", "minerva-7b": "starcoder",
+    "starcoder": "smollm", "refact": "smollm", "command-r": "smollm", "codeshell": "smollm",
+    "exaone": "smollm", "minerva-7b": "smollm",
     "llama-v3": "llama3", "llama-bpe": "llama3", "falcon3": "llama3", "pixtral": "llama3",
     "deepseek-r1-qwen": "qwen2", "megrez": "qwen2",
 }
@@ -107,8 +105,8 @@ def _compile(pattern: str):
 class Vocab:
     def __init__(self, gguf: GGUFFile):
         self.path = gguf.path
-        self.model = gguf.get("tokenizer.ggml.model")
-        if self.model is None:
+        self.tokenizer_model = gguf.get("tokenizer.ggml.model")
+        if self.tokenizer_model is None:
             raise ModelFileError(f"{gguf.path}: tokenizer.ggml.model is missing (no vocabulary)")
         tokens = gguf.get("tokenizer.ggml.tokens")
         if not isinstance(tokens, list) or not tokens:
@@ -136,29 +134,28 @@ class Vocab:
     # ---- configuration (llama_vocab::impl::load) -----------------------------------------
 
     def _configure(self, gguf: GGUFFile) -> None:
-        self.clean_spaces = False
+        """Defaults per tokenizer type, then whatever the GGUF keys override."""
         self.ignore_merges = False
         self.add_eos = False
-        if self.model == "llama":
+        if self.tokenizer_model == "llama":
             self.type = "spm"
-            self.bos, self.eos, self.unk = 1, 2, 0
+            self.bos, self.eos = 1, 2
             self.add_space_prefix, self.add_bos = True, True
-        elif self.model == "gpt2":
+        elif self.tokenizer_model == "gpt2":
             self.type = "bpe"
-            self.bos, self.eos, self.unk = 11, 11, None
+            self.bos, self.eos = 11, 11
             self.add_space_prefix, self.add_bos = False, False
-            self.clean_spaces = True
             self._configure_bpe(gguf)
         else:
-            raise UnsupportedError(f"{gguf.path}: tokenizer model '{self.model}' is not supported (llama/SPM and gpt2/BPE are)")
+            raise UnsupportedError(f"{gguf.path}: tokenizer model '{self.tokenizer_model}' is not supported "
+                                   "(llama/SPM and gpt2/BPE are)")
         self.add_space_prefix = bool(gguf.get("tokenizer.ggml.add_space_prefix", self.add_space_prefix))
-        for attr, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("unk", "unknown_token_id")):
-            if getattr(self, attr) is not None and getattr(self, attr) >= self.n_tokens:
+        for attr, key in (("bos", "bos_token_id"), ("eos", "eos_token_id")):
+            if getattr(self, attr) >= self.n_tokens:
                 setattr(self, attr, None)
             value = gguf.get(f"tokenizer.ggml.{key}")
             if value is not None and 0 <= int(value) < self.n_tokens:
                 setattr(self, attr, int(value))
-        self.pad = gguf.get("tokenizer.ggml.padding_token_id")
         self.add_bos = bool(gguf.get("tokenizer.ggml.add_bos_token", self.add_bos))
         self.add_eos = bool(gguf.get("tokenizer.ggml.add_eos_token", self.add_eos))
         if self.add_bos and self.bos is None:

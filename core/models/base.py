@@ -117,7 +117,7 @@ class Model:
             raise ModelFileError(f"{gguf.path}: vocab_size {self.hparams.n_vocab} differs from the "
                                  f"{self.vocab.n_tokens} tokens of the tokenizer")
         self._progress = progress
-        self._loaded = 0
+        self._loaded, self._to_load = 0, sum(t.n_bytes for t in gguf.tensors.values())
         self.load_tensors(gguf)
 
     def load_hparams(self, gguf: GGUFFile) -> HParams:
@@ -149,16 +149,37 @@ class Model:
         out = gguf.load(name)
         self._loaded += info.n_bytes
         if self._progress:
-            self._progress(self._loaded, self._total_bytes(gguf))
+            self._progress(self._loaded, self._to_load)
         return out
 
     def fused(self, gguf: GGUFFile, names_shapes: list[tuple[str, tuple[int, int]]]) -> np.ndarray:
         """Several (n_out_i, n_in) weights stacked into one (sum n_out_i, n_in) matrix."""
         return np.concatenate([self.weight(gguf, n, s) for n, s in names_shapes], axis=0)
 
-    @staticmethod
-    def _total_bytes(gguf: GGUFFile) -> int:
-        return sum(t.n_bytes for t in gguf.tensors.values())
+    def attention_weights(self, gguf: GGUFFile, il: int) -> tuple[np.ndarray, np.ndarray]:
+        """Layer il's fused q/k/v projection (n_q + 2 n_kv, n_embd) and its output projection."""
+        hp, blk = self.hparams, f"blk.{il}"
+        wqkv = self.fused(gguf, [(f"{blk}.attn_q.weight", (hp.n_head * hp.head_dim_k, hp.n_embd)),
+                                 (f"{blk}.attn_k.weight", (hp.n_embd_k_gqa, hp.n_embd)),
+                                 (f"{blk}.attn_v.weight", (hp.n_embd_v_gqa, hp.n_embd))])
+        wo = self.weight(gguf, f"{blk}.attn_output.weight", (hp.n_embd, hp.n_head * hp.head_dim_v))
+        return wqkv, wo
+
+    def gated_ffn_weights(self, gguf: GGUFFile, il: int) -> tuple[np.ndarray, np.ndarray]:
+        """Layer il's fused gate/up projection (2 n_ff, n_embd) and its down projection."""
+        hp, blk = self.hparams, f"blk.{il}"
+        gate_up = self.fused(gguf, [(f"{blk}.ffn_gate.weight", (hp.n_ff, hp.n_embd)),
+                                    (f"{blk}.ffn_up.weight", (hp.n_ff, hp.n_embd))])
+        return gate_up, self.weight(gguf, f"{blk}.ffn_down.weight", (hp.n_embd, hp.n_ff))
+
+    def split_qkv(self, qkv: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(n_tokens, n_q + 2 n_kv) → q, k, v as (n_tokens, heads, head_dim)."""
+        hp = self.hparams
+        n_q, n_k = hp.n_head * hp.head_dim_k, hp.n_embd_k_gqa
+        q = qkv[:, :n_q].reshape(-1, hp.n_head, hp.head_dim_k)
+        k = qkv[:, n_q:n_q + n_k].reshape(-1, hp.n_head_kv, hp.head_dim_k)
+        v = qkv[:, n_q + n_k:].reshape(-1, hp.n_head_kv, hp.head_dim_v)
+        return q, k, v
 
     def output_head(self, gguf: GGUFFile, token_embd: np.ndarray) -> np.ndarray:
         """The lm head: `output.weight`, or the token embeddings when they are tied."""

@@ -45,24 +45,20 @@ class Gemma3(Model):
 
     def load_tensors(self, gguf: GGUFFile) -> None:
         hp = self.hparams
-        n_q, n_kv = hp.n_head * hp.head_dim_k, hp.n_embd_k_gqa
         self.token_embd = self.weight(gguf, "token_embd.weight", (hp.n_vocab, hp.n_embd))
         self.layers = []
         for il in range(hp.n_layer):
             blk = f"blk.{il}"
+            wqkv, wo = self.attention_weights(gguf, il)
+            gate_up, down = self.gated_ffn_weights(gguf, il)
             self.layers.append(Gemma3Layer(
                 attn_norm=self.weight(gguf, f"{blk}.attn_norm.weight", (hp.n_embd,)),
-                wqkv=self.fused(gguf, [(f"{blk}.attn_q.weight", (n_q, hp.n_embd)),
-                                       (f"{blk}.attn_k.weight", (n_kv, hp.n_embd)),
-                                       (f"{blk}.attn_v.weight", (hp.n_embd_v_gqa, hp.n_embd))]),
+                wqkv=wqkv, wo=wo,
                 q_norm=self.weight(gguf, f"{blk}.attn_q_norm.weight", (hp.head_dim_k,)),
                 k_norm=self.weight(gguf, f"{blk}.attn_k_norm.weight", (hp.head_dim_k,)),
-                wo=self.weight(gguf, f"{blk}.attn_output.weight", (hp.n_embd, hp.n_head * hp.head_dim_v)),
                 post_attn_norm=self.weight(gguf, f"{blk}.post_attention_norm.weight", (hp.n_embd,)),
                 ffn_norm=self.weight(gguf, f"{blk}.ffn_norm.weight", (hp.n_embd,)),
-                ffn_gate_up=self.fused(gguf, [(f"{blk}.ffn_gate.weight", (hp.n_ff, hp.n_embd)),
-                                              (f"{blk}.ffn_up.weight", (hp.n_ff, hp.n_embd))]),
-                ffn_down=self.weight(gguf, f"{blk}.ffn_down.weight", (hp.n_embd, hp.n_ff)),
+                ffn_gate_up=gate_up, ffn_down=down,
                 post_ffn_norm=self.weight(gguf, f"{blk}.post_ffw_norm.weight", (hp.n_embd,)),
             ))
         self.output_norm = self.weight(gguf, "output_norm.weight", (hp.n_embd,))
@@ -70,15 +66,12 @@ class Gemma3(Model):
 
     def forward(self, g) -> np.ndarray:
         hp = self.hparams
-        n_q, n_kv = hp.n_head * hp.head_dim_k, hp.n_embd_k_gqa
         # the query scale (query_pre_attn_scalar) is applied to q; attention itself scales by 1
         q_scale = np.float32(1.0 / math.sqrt(hp.head_dim_k))
         x = g.inp_embd(self.token_embd, scale=math.sqrt(hp.n_embd))
         for il, layer in enumerate(self.layers):
-            qkv = g.linear(g.norm(x, layer.attn_norm), layer.wqkv)
-            q = g.norm(qkv[:, :n_q].reshape(-1, hp.n_head, hp.head_dim_k), layer.q_norm)
-            k = g.norm(qkv[:, n_q:n_q + n_kv].reshape(-1, hp.n_head_kv, hp.head_dim_k), layer.k_norm)
-            v = qkv[:, n_q + n_kv:].reshape(-1, hp.n_head_kv, hp.head_dim_v)
+            q, k, v = self.split_qkv(g.linear(g.norm(x, layer.attn_norm), layer.wqkv))
+            q, k = g.norm(q, layer.q_norm), g.norm(k, layer.k_norm)
             attn = g.attn(il, g.rope(q, il) * q_scale, g.rope(k, il), v, scale=1.0)
             if il == hp.n_layer - 1:
                 attn, x = g.select_outputs(attn, x)

@@ -28,35 +28,26 @@ class Llama(Model):
 
     def load_tensors(self, gguf: GGUFFile) -> None:
         hp = self.hparams
-        n_q, n_kv = hp.n_head * hp.head_dim_k, hp.n_embd_k_gqa
         self.token_embd = self.weight(gguf, "token_embd.weight", (hp.n_vocab, hp.n_embd))
         self.layers = []
         for il in range(hp.n_layer):
-            blk = f"blk.{il}"
+            wqkv, wo = self.attention_weights(gguf, il)
+            gate_up, down = self.gated_ffn_weights(gguf, il)
             self.layers.append(LlamaLayer(
-                attn_norm=self.weight(gguf, f"{blk}.attn_norm.weight", (hp.n_embd,)),
-                wqkv=self.fused(gguf, [(f"{blk}.attn_q.weight", (n_q, hp.n_embd)),
-                                       (f"{blk}.attn_k.weight", (n_kv, hp.n_embd)),
-                                       (f"{blk}.attn_v.weight", (hp.n_embd_v_gqa, hp.n_embd))]),
-                wo=self.weight(gguf, f"{blk}.attn_output.weight", (hp.n_embd, hp.n_head * hp.head_dim_v)),
-                ffn_norm=self.weight(gguf, f"{blk}.ffn_norm.weight", (hp.n_embd,)),
-                ffn_gate_up=self.fused(gguf, [(f"{blk}.ffn_gate.weight", (hp.n_ff, hp.n_embd)),
-                                              (f"{blk}.ffn_up.weight", (hp.n_ff, hp.n_embd))]),
-                ffn_down=self.weight(gguf, f"{blk}.ffn_down.weight", (hp.n_embd, hp.n_ff)),
+                attn_norm=self.weight(gguf, f"blk.{il}.attn_norm.weight", (hp.n_embd,)),
+                wqkv=wqkv, wo=wo,
+                ffn_norm=self.weight(gguf, f"blk.{il}.ffn_norm.weight", (hp.n_embd,)),
+                ffn_gate_up=gate_up, ffn_down=down,
             ))
         self.output_norm = self.weight(gguf, "output_norm.weight", (hp.n_embd,))
         self.output = self.output_head(gguf, self.token_embd)
 
     def forward(self, g) -> np.ndarray:
         hp = self.hparams
-        n_q, n_kv = hp.n_head * hp.head_dim_k, hp.n_embd_k_gqa
         scale = 1.0 / math.sqrt(hp.head_dim_k)
         x = g.inp_embd(self.token_embd)
         for il, layer in enumerate(self.layers):
-            qkv = g.linear(g.norm(x, layer.attn_norm), layer.wqkv)
-            q = qkv[:, :n_q].reshape(-1, hp.n_head, hp.head_dim_k)
-            k = qkv[:, n_q:n_q + n_kv].reshape(-1, hp.n_head_kv, hp.head_dim_k)
-            v = qkv[:, n_q + n_kv:].reshape(-1, hp.n_head_kv, hp.head_dim_v)
+            q, k, v = self.split_qkv(g.linear(g.norm(x, layer.attn_norm), layer.wqkv))
             attn = g.attn(il, g.rope(q, il), g.rope(k, il), v, scale)
             if il == hp.n_layer - 1:
                 attn, x = g.select_outputs(attn, x)
