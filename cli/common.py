@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeRemainingColumn
 
 from llmsuite.core import hub
+from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.models import Model, load_model
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -64,8 +65,6 @@ def open_model(spec: str | None) -> tuple[Model, float]:
 
 def read_text_file(path: Path) -> str:
     """Read a prompt file like llama.cpp's -f: UTF-8, one trailing newline removed."""
-    from llmsuite.core.errors import InvalidInputError
-
     try:
         data = path.read_bytes()
     except FileNotFoundError:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from llmsuite.core.chat import render_chat
+from llmsuite.core.chat import chat_prompt
 from llmsuite.core.context import Context, ContextParams
 from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.generation import check_prompt, generate as run_generation
@@ -38,19 +39,16 @@ def generate(
 ) -> None:
     """Generate text from a prompt (llama-completion)."""
     text = _prompt_text(prompt, file)
-    _check_sampling(temp, top_k, repeat_penalty, n_predict)
+    _check_sampling(temp, repeat_penalty, n_predict)
     if system is not None and not chat:
         raise InvalidInputError("--system only applies with --chat")
+    params = ContextParams(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size)
+    params.validate()
     lm, t_load = open_model(model)
     vocab = lm.vocab
-    ctx = Context(lm, ContextParams(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size))
+    ctx = Context(lm, params)
     if chat:
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-        bos = vocab.tokens[vocab.bos] if vocab.bos is not None else ""
-        text = render_chat(lm.chat_template, messages, bos_token=bos,
-                           eos_token=vocab.tokens[vocab.eos] if vocab.eos is not None else "")
-        if vocab.add_bos and bos and text.startswith(bos):
-            text = text[len(bos):]  # the tokenizer adds it
+        text = chat_prompt(lm, text, system)
     tokens = vocab.tokenize(text, add_special=True, parse_special=True)
     check_prompt(ctx, tokens)
     sampler = Sampler(SamplerParams(seed=seed, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -84,7 +82,7 @@ def _prompt_text(prompt: str | None, file: Path | None) -> str:
     return prompt or ""
 
 
-def _check_sampling(temp: float, top_k: int, repeat_penalty: float, n_predict: int) -> None:
+def _check_sampling(temp: float, repeat_penalty: float, n_predict: int) -> None:
     if temp < 0:
         raise InvalidInputError("--temp must be >= 0")
     if not repeat_penalty > 0:
@@ -95,8 +93,6 @@ def _check_sampling(temp: float, top_k: int, repeat_penalty: float, n_predict: i
 
 def print_perf(ctx: Context, t_load: float, t_sample: float, n_sampled: int) -> None:
     """llama.cpp's timing summary, on stderr."""
-    import time
-
     p = ctx.perf
     total_ms = (time.perf_counter() - p.t_start) * 1e3 + t_load * 1e3
 

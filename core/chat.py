@@ -27,3 +27,15 @@ def render_chat(template: str | None, messages: list[dict[str, str]], bos_token:
     except TemplateError as e:
         raise InvalidInputError(f"the chat template failed to render: {e}") from None
     return text
+
+
+def chat_prompt(model, user: str, system: str | None = None) -> str:
+    """The model's template applied to one user turn (and a system message), ready to tokenize."""
+    vocab = model.vocab
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+    bos = vocab.tokens[vocab.bos] if vocab.bos is not None else ""
+    eos = vocab.tokens[vocab.eos] if vocab.eos is not None else ""
+    text = render_chat(model.chat_template, messages, bos_token=bos, eos_token=eos)
+    if vocab.add_bos and bos and text.startswith(bos):
+        text = text[len(bos):]  # the tokenizer adds it
+    return text

@@ -36,6 +36,17 @@ class ContextParams:
     swa_full: bool = False
     backend: str = "cpu"
 
+    def validate(self) -> None:
+        """Refuse flag combinations that cannot work (before any model is loaded)."""
+        if self.n_ctx < 0:
+            raise InvalidInputError("-c must be 0 (the model's context) or a positive size")
+        if self.n_ubatch <= 0 or self.n_batch <= 0:
+            raise InvalidInputError("-b and -ub must be positive")
+        if self.n_ubatch > self.n_batch:
+            raise InvalidInputError(f"the micro-batch (-ub {self.n_ubatch}) cannot exceed the batch (-b {self.n_batch})")
+        if self.n_seq_max < 1:
+            raise InvalidInputError("the context needs room for at least one sequence (-np >= 1)")
+
 
 @dataclass
 class PerfCounters:
@@ -58,15 +69,10 @@ class PerfCounters:
 class Context:
     def __init__(self, model: Model, params: ContextParams | None = None, observer=None):
         params = replace(params) if params else ContextParams()
+        params.validate()
         hp = model.hparams
-        if params.n_ctx <= 0:
+        if params.n_ctx == 0:
             params.n_ctx = hp.n_ctx_train
-        if params.n_ubatch <= 0 or params.n_batch <= 0:
-            raise InvalidInputError("-b and -ub must be positive")
-        if params.n_ubatch > params.n_batch:
-            raise InvalidInputError(f"the micro-batch (-ub {params.n_ubatch}) cannot exceed the batch (-b {params.n_batch})")
-        if params.n_seq_max < 1:
-            raise InvalidInputError("the context needs room for at least one sequence (-np >= 1)")
         params.n_batch = min(params.n_batch, params.n_ctx)
         params.n_ubatch = min(params.n_ubatch, params.n_batch)
         self.model, self.params = model, params

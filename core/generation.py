@@ -59,7 +59,7 @@ def generate(ctx: Context, sampler: Sampler, prompt: list[int], n_predict: int =
     out: list[int] = []
     n_past = len(prompt)
     t_sample = 0.0
-    while True:
+    while n_predict < 0 or len(out) < n_predict:
         t0 = time.perf_counter()
         tok = sampler.sample(ctx.get_logits())
         sampler.accept(tok)
@@ -69,9 +69,10 @@ def generate(ctx: Context, sampler: Sampler, prompt: list[int], n_predict: int =
         out.append(tok)
         if on_token:
             on_token(tok)
-        if 0 <= n_predict <= len(out):
-            return GenerationResult(out, "length", t_sample)
+        if len(out) == n_predict:
+            break
         if n_past >= ctx.n_ctx:
             return GenerationResult(out, "context", t_sample)
         decode_or_raise(ctx, Batch.from_tokens([tok], pos0=n_past))
         n_past += 1
+    return GenerationResult(out, "length", t_sample)

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from conftest import real_model, tiny_gemma3
-from llmsuite.core.chat import render_chat
+from llmsuite.core.chat import chat_prompt, render_chat
 from llmsuite.core.context import Context, ContextParams
 from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.generation import generate
@@ -20,10 +20,14 @@ def test_stops_after_n_predict():
     assert ctx.memory.seq_pos_max(0) == 3 + 5 - 2  # the last sampled token is never decoded
 
 
+def test_zero_tokens_requested():
+    result = generate(Context(tiny_gemma3(), ContextParams(n_ctx=64)), greedy(), [10, 11], n_predict=0)
+    assert result.tokens == [] and result.stop == "length"
+
+
 def test_stops_at_end_of_generation():
     model = real_model("smollm2-135m")
-    prompt = model.vocab.tokenize(render_chat(model.chat_template, [{"role": "user", "content": "Say hi."}]),
-                                  add_special=True, parse_special=True)
+    prompt = model.vocab.tokenize(chat_prompt(model, "Say hi."), add_special=True, parse_special=True)
     result = generate(Context(model, ContextParams(n_ctx=512)), greedy(), prompt, n_predict=200)
     assert result.stop == "eog" and 0 < len(result.tokens) < 200
 
