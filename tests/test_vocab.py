@@ -45,7 +45,8 @@ def test_bos_per_model():
 def test_parse_special_controls_control_tokens():
     v = vocab("smollm2-135m")
     assert v.tokenize("<|im_start|>user", add_special=False, parse_special=True)[0] == 1
-    assert 1 not in v.tokenize("<|im_start|>user", add_special=False, parse_special=False)
+    plain = v.tokenize("<|im_start|>user", add_special=False, parse_special=False)
+    assert len(plain) > 2 and plain[0] != 1
 
 
 def test_end_of_generation_tokens():
