@@ -116,3 +116,19 @@ class BatchAllocator:
         """Consecutive tokens in batch order, n_ubatch at a time."""
         idx = np.arange(self.n_tokens)
         return [self._ubatch(idx[i:i + n_ubatch]) for i in range(0, self.n_tokens, n_ubatch)]
+
+    def split_equal(self, n_ubatch: int) -> list[UBatch]:
+        """Ubatches of whole sequence groups: each takes the same number of tokens from every
+        sequence it holds, grouped by sequence (what per-sequence streams need)."""
+        queues = {int(s): list(np.flatnonzero(self.seq_id == s)) for s in np.unique(self.seq_id)}
+        ubatches = []
+        while queues:
+            seqs = sorted(queues)[:n_ubatch]
+            n_each = min(min(len(queues[s]) for s in seqs), max(n_ubatch // len(seqs), 1))
+            idx = np.concatenate([queues[s][:n_each] for s in seqs])
+            for s in seqs:
+                del queues[s][:n_each]
+                if not queues[s]:
+                    del queues[s]
+            ubatches.append(self._ubatch(idx))
+        return ubatches

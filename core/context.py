@@ -1,10 +1,12 @@
-"""`Context`: a model plus its memory; `decode` runs batches the way llama_decode does."""
+"""`Context`: a model plus its memory; `decode` runs batches the way llama_decode does, and the
+state (memory plus the tokens it holds) can be saved and loaded whole or per sequence."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
+from pathlib import Path
 
 import numpy as np
 
@@ -12,8 +14,12 @@ from .backend import get_backend
 from .batch import Batch, BatchAllocator
 from .errors import InvalidInputError
 from .graph import Graph
-from .memory import MemoryStatus
-from .models.base import MemoryParams, Model
+from .memory import MemoryParams, MemoryStatus
+from .models.base import Model
+from .statefile import StateFileError, StateReader, StateWriter
+
+STATE_MAGIC, SEQ_STATE_MAGIC = b"LLMSTATE", b"LLMSEQST"
+STATE_VERSION = 1
 
 
 class DecodeStatus(IntEnum):
@@ -34,18 +40,23 @@ class ContextParams:
     type_k: str = "f32"
     type_v: str = "f32"
     swa_full: bool = False
+    kv: str = "auto"
+    ctx: str = "auto"
     backend: str = "cpu"
 
     def validate(self) -> None:
-        """Refuse flag combinations that cannot work (before any model is loaded)."""
+        """Refuse flag values that cannot work whatever the model (checked before loading one)."""
         if self.n_ctx < 0:
             raise InvalidInputError("-c must be 0 (the model's context) or a positive size")
         if self.n_ubatch <= 0 or self.n_batch <= 0:
             raise InvalidInputError("-b and -ub must be positive")
         if self.n_ubatch > self.n_batch:
             raise InvalidInputError(f"the micro-batch (-ub {self.n_ubatch}) cannot exceed the batch (-b {self.n_batch})")
-        if self.n_seq_max < 1:
-            raise InvalidInputError("the context needs room for at least one sequence (-np >= 1)")
+        self.memory_params().validate_flags()
+
+    def memory_params(self) -> MemoryParams:
+        return MemoryParams(n_ctx=self.n_ctx, n_ubatch=self.n_ubatch, n_seq_max=self.n_seq_max,
+                            type_k=self.type_k, type_v=self.type_v, swa_full=self.swa_full, kv=self.kv, ctx=self.ctx)
 
 
 @dataclass
@@ -77,9 +88,8 @@ class Context:
         params.n_ubatch = min(params.n_ubatch, params.n_batch)
         self.model, self.params = model, params
         self.backend = get_backend(params.backend)
-        self.memory = model.create_memory(MemoryParams(
-            n_ctx=params.n_ctx, n_ubatch=params.n_ubatch, n_seq_max=params.n_seq_max,
-            type_k=params.type_k, type_v=params.type_v, swa_full=params.swa_full))
+        self.memory = model.create_memory(params.memory_params())
+        self.kind = "no-kv" if self.memory.kind == "none" else "decoder"
         self.balloc = BatchAllocator(hp.n_vocab, params.n_seq_max)
         self.logits = np.empty((0, hp.n_vocab), dtype=np.float32)
         self.output_ids = np.empty(0, dtype=np.int64)  # batch index → logits row (-1: no output)
@@ -90,6 +100,8 @@ class Context:
     @property
     def n_ctx(self) -> int:
         return self.params.n_ctx
+
+    # ---- decoding ------------------------------------------------------------------------
 
     def decode(self, batch: Batch) -> DecodeStatus:
         """Run a batch; on failure memory is as before (or, mid-batch, keeps the ubatches done)."""
@@ -102,13 +114,11 @@ class Context:
             self.balloc.init(batch, self.memory)
         except InvalidInputError as e:
             return self._fail(DecodeStatus.INVALID_BATCH, str(e))
+        self.memory.update(self.shift_keys)
         mctx = self.memory.init_batch(self.balloc, self.params.n_ubatch)
         if mctx.status != MemoryStatus.SUCCESS:
             return self._fail(DecodeStatus.NO_SLOT, f"no room in the context ({self.n_ctx} cells) for the batch")
-        n_outputs = int(self.balloc.output.sum())
-        logits = np.empty((n_outputs, self.model.hparams.n_vocab), dtype=np.float32)
-        output_ids = np.full(len(batch), -1, dtype=np.int64)
-        row = 0
+        rows, row_batch_idx = [], []
         while True:
             ub = mctx.ubatch
             try:
@@ -123,15 +133,27 @@ class Context:
             except Exception:
                 self._roll_back(ub)  # a bug: keep memory consistent, then surface it
                 raise
-            n_out = ub.n_outputs
-            logits[row:row + n_out] = out
-            output_ids[ub.batch_idx[ub.output]] = np.arange(row, row + n_out)
-            row += n_out
+            rows.append(out)
+            row_batch_idx.append(ub.batch_idx[ub.output])
             if not mctx.next():
                 break
-        self.logits, self.output_ids = logits, output_ids
+        self._store_outputs(len(batch), rows, row_batch_idx)
         self.perf.add(len(batch), time.perf_counter() - t0)
         return DecodeStatus.OK
+
+    def _store_outputs(self, n_batch: int, rows: list[np.ndarray], row_batch_idx: list[np.ndarray]) -> None:
+        """Logits in batch order, whatever order the ubatches ran in."""
+        batch_idx = np.concatenate(row_batch_idx)
+        order = np.argsort(batch_idx, kind="stable")
+        self.logits = np.concatenate(rows)[order] if len(rows) > 1 else rows[0][order]
+        self.output_ids = np.full(n_batch, -1, dtype=np.int64)
+        self.output_ids[batch_idx[order]] = np.arange(len(order))
+
+    def shift_keys(self, il: int, keys: np.ndarray, delta: np.ndarray) -> np.ndarray:
+        """Rotate cached keys of layer il by a position delta (RoPE composes: R(p+d) = R(d)R(p))."""
+        hp = self.model.hparams
+        cos, sin = self.backend.rope_cache(delta, hp.n_rot, hp.rope_base(il), hp.rope_freq_scale)
+        return self.backend.rope(keys, cos, sin, neox=hp.rope_neox)
 
     def _roll_back(self, ub) -> None:
         """Remove the failed ubatch's positions; earlier ubatches stay (llama.cpp's rule)."""
@@ -152,3 +174,61 @@ class Context:
         if row < 0:
             raise InvalidInputError(f"batch index {i} did not request logits")
         return self.logits[row]
+
+    # ---- state files ---------------------------------------------------------------------
+
+    def state_bytes(self, tokens=(), seq: int | None = None) -> bytes:
+        """The memory (whole, or one sequence) with the tokens it holds, as bytes."""
+        w = StateWriter()
+        w.parts.append(STATE_MAGIC if seq is None else SEQ_STATE_MAGIC)
+        w.u32(STATE_VERSION)
+        w.str(self.model.arch)
+        w.str(self.model.fingerprint)
+        w.str(self.memory.kind)
+        w.array(np.asarray(tokens, dtype=np.int32))
+        self.memory.state_write(w, seq)
+        return w.getvalue()
+
+    def load_state_bytes(self, data: bytes, seq: int | None = None, what: str = "state") -> list[int]:
+        """Check everything, then replace the memory (or sequence `seq`); returns the saved tokens."""
+        r = StateReader(data, what)
+        magic = STATE_MAGIC if seq is None else SEQ_STATE_MAGIC
+        if bytes(r._take(len(magic), "the magic number")) != magic:
+            kind = "a whole-context" if seq is None else "a sequence"
+            raise r.fail(f"not {kind} state file of llmsuite")
+        version = r.u32("the version")
+        if version != STATE_VERSION:
+            raise r.fail(f"state version {version} is not supported (this build reads {STATE_VERSION})")
+        arch, fp = r.str("the architecture"), r.str("the model fingerprint")
+        if arch != self.model.arch or fp != self.model.fingerprint:
+            raise r.fail(f"it was saved from another model ({arch}, {fp[:8]}), not {self.model.name} "
+                         f"({self.model.arch}, {self.model.fingerprint[:8]})")
+        r.expect("the memory kind", r.str("the memory kind"), self.memory.kind)
+        tokens = r.array("the tokens", np.int32).tolist()
+        if seq is not None and not 0 <= seq < self.params.n_seq_max:
+            raise InvalidInputError(f"sequence {seq} is out of range (-np {self.params.n_seq_max})")
+        commit = self.memory.state_read(r, seq)
+        r.done()
+        commit()
+        return tokens
+
+    def save_state(self, path: str | Path, tokens=()) -> None:
+        Path(path).write_bytes(self.state_bytes(tokens))
+
+    def load_state(self, path: str | Path) -> list[int]:
+        return self.load_state_bytes(_read(path), what=str(path))
+
+    def save_seq_state(self, path: str | Path, seq: int, tokens=()) -> None:
+        Path(path).write_bytes(self.state_bytes(tokens, seq))
+
+    def load_seq_state(self, path: str | Path, seq: int) -> list[int]:
+        return self.load_state_bytes(_read(path), seq, what=str(path))
+
+
+def _read(path: str | Path) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        raise StateFileError(f"{path}: no such state file") from None
+    except IsADirectoryError:
+        raise StateFileError(f"{path}: is a directory, not a state file") from None

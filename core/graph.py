@@ -44,11 +44,16 @@ class Graph:
         return self.ops.rope(x, cos, sin, neox=self.hp.rope_neox)
 
     def attn(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
-        """Store this ubatch's K/V for layer il, attend over the cache; returns (n_tokens, n_head*d_v)."""
-        kv = self.mctx.layer(il)
-        kv.store(il, k, v)
-        keys, values = kv.kv(il)
-        out = self.ops.flash_attn_ext(q, keys, values, kv.mask, scale)
+        """Store this ubatch's K/V for layer il, attend over the memory; returns (n_tokens, n_head*d_v)."""
+        view = self.mctx.layer(il)
+        view.store(il, k, v)
+        groups = view.groups(il)
+        if len(groups) == 1:
+            g = groups[0]
+            return self.ops.flash_attn_ext(q, g.keys, g.values, g.mask, scale).reshape(len(q), -1)
+        out = np.empty((len(q), q.shape[1], v.shape[2]), dtype=np.float32)
+        for g in groups:  # one per cache stream
+            out[g.rows] = self.ops.flash_attn_ext(q[g.rows], g.keys, g.values, g.mask, scale)
         return out.reshape(len(q), -1)
 
     def ffn(self, x: np.ndarray, gate_up: np.ndarray, down: np.ndarray, act: str) -> np.ndarray:

@@ -168,3 +168,44 @@ def _gguf_fallback(qtype: T, name: str):
 
     return kernel
 
+
+
+# ---- quantization of cache rows (Q8_0, Q4_0), with ggml's reference rounding ------------------
+
+def _round_half_away(x: np.ndarray) -> np.ndarray:
+    return np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))
+
+
+def _quantize_q8_0(blocks: np.ndarray) -> np.ndarray:
+    d = np.abs(blocks).max(axis=1, keepdims=True) / np.float32(127)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    q = _round_half_away(blocks * inv).astype(np.int8)
+    return np.concatenate([d.astype(np.float16).view(np.uint8), q.view(np.uint8)], axis=1)
+
+
+def _quantize_q4_0(blocks: np.ndarray) -> np.ndarray:
+    signed_max = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None], axis=1)
+    d = signed_max / np.float32(-8)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    q = np.minimum(np.trunc(blocks * inv + np.float32(8.5)), 15).astype(np.uint8)
+    packed = q[:, :16] | (q[:, 16:] << 4)
+    return np.concatenate([d.astype(np.float16).view(np.uint8), packed], axis=1)
+
+
+_QUANTIZE = {T.Q8_0: _quantize_q8_0, T.Q4_0: _quantize_q4_0}
+QUANTIZABLE_TYPES = frozenset(_QUANTIZE)
+
+
+def quantize_rows(rows: np.ndarray, qtype: T) -> np.ndarray:
+    """(n, dim) float → (n, dim / 32 * type_size) uint8 ggml blocks."""
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    n = len(rows)
+    blocks = np.ascontiguousarray(rows, dtype=np.float32).reshape(-1, block)
+    return _QUANTIZE[qtype](blocks).reshape(n, -1)
+
+
+def dequantize_rows(raw: np.ndarray, qtype: T) -> np.ndarray:
+    """(n, row_bytes) uint8 ggml blocks → (n, dim) float32."""
+    _, type_size = GGML_QUANT_SIZES[qtype]
+    n = len(raw)
+    return _FAST[qtype](raw.reshape(-1, type_size)).reshape(n, -1)

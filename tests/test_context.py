@@ -9,15 +9,6 @@ from llmsuite.core.context import Context, ContextParams, DecodeStatus
 from llmsuite.core.errors import InvalidInputError
 
 
-def snapshot(ctx):
-    mem = ctx.memory
-    return [c.cells.snapshot() for c in (mem.base, mem.swa)]
-
-
-def same(a, b):
-    return all(np.array_equal(x[0], y[0]) and np.array_equal(x[1], y[1]) for x, y in zip(a, b))
-
-
 def test_ubatch_larger_than_batch_is_refused():
     with pytest.raises(InvalidInputError, match="cannot exceed the batch"):
         Context(tiny_gemma3(), ContextParams(n_ctx=64, n_batch=16, n_ubatch=32))
@@ -26,18 +17,18 @@ def test_ubatch_larger_than_batch_is_refused():
 def test_invalid_batch_returns_minus_one_and_keeps_memory():
     ctx = Context(tiny_gemma3(), ContextParams(n_ctx=64))
     assert ctx.decode(Batch.from_tokens([1, 2, 3])) == DecodeStatus.OK
-    before = snapshot(ctx)
+    before = ctx.state_bytes()
     assert ctx.decode(Batch.from_tokens([4], pos0=7)) == DecodeStatus.INVALID_BATCH
     assert "continue at 3" in ctx.last_error
-    assert same(before, snapshot(ctx))
+    assert ctx.state_bytes() == before
 
 
 def test_no_slot_returns_one_and_keeps_memory():
     ctx = Context(tiny_gemma3(), ContextParams(n_ctx=16, swa_full=True))
     assert ctx.decode(Batch.from_tokens(list(range(10)))) == DecodeStatus.OK
-    before = snapshot(ctx)
+    before = ctx.state_bytes()
     assert ctx.decode(Batch.from_tokens(list(range(8)))) == DecodeStatus.NO_SLOT
-    assert same(before, snapshot(ctx))
+    assert ctx.state_bytes() == before
 
 
 def test_batch_over_n_batch_is_invalid():

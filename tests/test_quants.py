@@ -40,3 +40,14 @@ def test_dequantize_matches_gguf(qtype):
 def test_required_types_have_fast_paths():
     required = {T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K}
     assert required <= FAST_TYPES
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0], ids=lambda t: t.name)
+def test_quantize_rows_matches_gguf(qtype):
+    from llmsuite.core.quants import dequantize_rows, quantize_rows
+
+    rows = np.random.default_rng(7).standard_normal((64, 256)).astype(np.float32) * 3
+    rows[0] = 0.0  # an all-zero block
+    ours = quantize_rows(rows, qtype)
+    np.testing.assert_array_equal(ours.reshape(-1), quants.quantize(rows, qtype).reshape(-1))
+    np.testing.assert_array_equal(dequantize_rows(ours, qtype), quants.dequantize(ours, qtype).reshape(64, 256))

@@ -1,12 +1,22 @@
 """The memory protocol (llama_memory_i): plan a batch without touching anything, then commit
-it one ubatch at a time through `MemoryContext.apply()` — the only place memory changes."""
+it one ubatch at a time through `MemoryContext.apply()`. Sequence edits (`seq_*`) change cell
+metadata at once; a position shift re-rotates cached keys lazily, in `update()`, before the
+next batch."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from enum import Enum
+from typing import Callable
+
+import numpy as np
 
 from ..batch import BatchAllocator, UBatch
+from ..statefile import StateReader, StateWriter
+
+# (layer, keys (n, n_head_kv, head_dim), position delta (n,)) -> keys rotated by the delta
+KeyShifter = Callable[[int, np.ndarray, np.ndarray], np.ndarray]
 
 
 class MemoryStatus(Enum):
@@ -14,6 +24,15 @@ class MemoryStatus(Enum):
     NO_UPDATE = "no update"
     FAILED_PREPARE = "failed to prepare"
     FAILED_COMPUTE = "failed to compute"
+
+
+@dataclass
+class AttnGroup:
+    """Query rows of the ubatch that attend the same keys: one per cache stream."""
+    rows: slice | np.ndarray
+    keys: np.ndarray  # (n_kv, n_head_kv, head_dim_k)
+    values: np.ndarray  # (n_kv, n_head_kv, head_dim_v)
+    mask: np.ndarray  # (n_rows, n_kv): 0 keep, -inf drop
 
 
 class MemoryContext(ABC):
@@ -34,25 +53,42 @@ class MemoryContext(ABC):
 
     @abstractmethod
     def apply(self) -> None:
-        """Commit the current ubatch's cells."""
+        """Commit the current ubatch."""
 
     @abstractmethod
     def layer(self, il: int):
-        """The attention-side view for layer `il`: `store(il, k, v)`, `kv(il)`, `mask`."""
+        """Layer il's view: `store(il, k, v)` then `groups(il) -> list[AttnGroup]`."""
 
 
 class Memory(ABC):
     kind: str = ""
 
     @abstractmethod
-    def init_batch(self, balloc: BatchAllocator, n_ubatch: int, embd_all: bool = False) -> MemoryContext:
-        """Split the batch and find a slot for every ubatch; never mutates the memory."""
+    def init_batch(self, balloc: BatchAllocator, n_ubatch: int) -> MemoryContext:
+        """Split the batch and place every ubatch; never mutates the memory."""
+
+    def update(self, shift_keys: KeyShifter) -> bool:
+        """Apply pending work (the K-shift); True if anything changed."""
+        return False
 
     @abstractmethod
     def clear(self) -> None: ...
 
     @abstractmethod
-    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool: ...
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        """Remove positions [p0, p1) of seq (seq < 0: every sequence; negative bounds: open)."""
+
+    @abstractmethod
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
+
+    @abstractmethod
+    def seq_keep(self, seq: int) -> None: ...
+
+    @abstractmethod
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None: ...
+
+    @abstractmethod
+    def seq_div(self, seq: int, p0: int, p1: int, d: int) -> None: ...
 
     @abstractmethod
     def seq_pos_min(self, seq: int) -> int: ...
@@ -61,5 +97,21 @@ class Memory(ABC):
     def seq_pos_max(self, seq: int) -> int: ...
 
     @property
+    def can_shift(self) -> bool:
+        return True
+
+    @property
     @abstractmethod
     def nbytes(self) -> int: ...
+
+    @abstractmethod
+    def state_write(self, w: StateWriter, seq: int | None = None) -> None: ...
+
+    @abstractmethod
+    def state_read(self, r: StateReader, seq: int | None = None) -> Callable[[], None]:
+        """Read and check a state; return the function that applies it (nothing changes before)."""
+
+
+def open_range(p0: int, p1: int) -> tuple[int, int]:
+    """llama.cpp's convention: a negative bound is open."""
+    return (0 if p0 < 0 else p0), (np.iinfo(np.int32).max if p1 < 0 else p1)

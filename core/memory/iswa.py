@@ -4,7 +4,8 @@ global layers and a window-sized one for the sliding-window layers, fed the same
 from __future__ import annotations
 
 from ..batch import BatchAllocator
-from .base import Memory, MemoryContext, MemoryStatus
+from ..statefile import StateReader, StateWriter
+from .base import KeyShifter, Memory, MemoryContext, MemoryStatus
 from .kv_cache import KVCache, KVCacheContext, LayerShape
 
 PAD = 256
@@ -25,11 +26,13 @@ class KVCacheISWA(Memory):
         base_layers = {il: s for il, s in layers.items() if il not in swa_layers}
         window_layers = {il: s for il, s in layers.items() if il in swa_layers}
         swa_size = kv_size if swa_full else swa_cache_size(kv_size, n_swa, n_seq_max, n_ubatch)
-        self.swa_layers = frozenset(swa_layers)
-        self.base = KVCache(base_layers, kv_size, n_seq_max, type_k, type_v)
-        self.swa = KVCache(window_layers, swa_size, n_seq_max, type_k, type_v, n_swa=n_swa)
+        self.swa_full = swa_full
+        self.base = KVCache(base_layers, kv_size, n_seq_max, 1, type_k, type_v, kind="iswa-base")
+        self.swa = KVCache(window_layers, swa_size, n_seq_max, 1, type_k, type_v, n_swa=n_swa,
+                           swa_layers=window_layers, kind="iswa-window")
+        self.children = (self.base, self.swa)
 
-    def init_batch(self, balloc: BatchAllocator, n_ubatch: int, embd_all: bool = False) -> "ISWAContext":
+    def init_batch(self, balloc: BatchAllocator, n_ubatch: int) -> "ISWAContext":
         ubatches = balloc.split_simple(n_ubatch)
         base_slots = self.base.prepare(ubatches)
         swa_slots = self.swa.prepare(ubatches)
@@ -37,12 +40,31 @@ class KVCacheISWA(Memory):
             return ISWAContext(self, MemoryStatus.FAILED_PREPARE)
         return ISWAContext(self, MemoryStatus.SUCCESS, ubatches, base_slots, swa_slots)
 
+    def update(self, shift_keys: KeyShifter) -> bool:
+        return any([child.update(shift_keys) for child in self.children])
+
     def clear(self) -> None:
-        self.base.clear()
-        self.swa.clear()
+        for child in self.children:
+            child.clear()
 
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
-        return self.base.seq_rm(seq, p0, p1) and self.swa.seq_rm(seq, p0, p1)
+        return all([child.seq_rm(seq, p0, p1) for child in self.children])
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        for child in self.children:
+            child.seq_cp(src, dst, p0, p1)
+
+    def seq_keep(self, seq: int) -> None:
+        for child in self.children:
+            child.seq_keep(seq)
+
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        for child in self.children:
+            child.seq_add(seq, p0, p1, delta)
+
+    def seq_div(self, seq: int, p0: int, p1: int, d: int) -> None:
+        for child in self.children:
+            child.seq_div(seq, p0, p1, d)
 
     def seq_pos_min(self, seq: int) -> int:
         return self.swa.seq_pos_min(seq)
@@ -51,8 +73,21 @@ class KVCacheISWA(Memory):
         return self.swa.seq_pos_max(seq)
 
     @property
+    def can_shift(self) -> bool:
+        """Shifting needs both caches to hold the same positions, i.e. --swa-full."""
+        return self.base.kv_size == self.swa.kv_size
+
+    @property
     def nbytes(self) -> int:
         return self.base.nbytes + self.swa.nbytes
+
+    def state_write(self, w: StateWriter, seq: int | None = None) -> None:
+        for child in self.children:
+            child.state_write(w, seq)
+
+    def state_read(self, r: StateReader, seq: int | None = None):
+        commits = [child.state_read(r, seq) for child in self.children]
+        return lambda: [commit() for commit in commits]
 
 
 class ISWAContext(MemoryContext):
@@ -72,4 +107,4 @@ class ISWAContext(MemoryContext):
         self.swa.apply()
 
     def layer(self, il: int) -> KVCacheContext:
-        return self.swa if il in self.memory.swa_layers else self.base
+        return self.swa if il in self.memory.swa.layers else self.base

@@ -1,8 +1,10 @@
 """The standard attention cache (llama_kv_cache): cell metadata on the host, per-layer K/V rows.
 
-K and V of layer il are arrays `[stream, cell, n_head_kv * head_dim]`; a ubatch's tokens go to
-the cells `find_slot` picks, which need not be contiguous. With `n_swa > 0` the cache is a
-sliding-window cache: cells that every future token masks out are reused.
+Each layer keeps K and V as `[stream, cell, row]` (see storage.py). One stream (`unified`) holds
+every sequence, a cell can belong to several (a shared prefix); `split` gives each sequence its
+own stream. A ubatch's tokens go to the cells `find_slot` picks, which need not be contiguous.
+Layers listed in `swa_layers` see only the last `n_swa` positions; when every layer of the cache
+is windowed, cells that all future tokens mask out are reused (the window cache of iSWA).
 """
 
 from __future__ import annotations
@@ -13,16 +15,9 @@ import numpy as np
 
 from ..batch import BatchAllocator, UBatch
 from ..errors import InvalidInputError
-from .base import Memory, MemoryContext, MemoryStatus
-
-CACHE_TYPES = {"f32": np.float32, "f16": np.float16}
-
-
-def cache_dtype(name: str):
-    try:
-        return CACHE_TYPES[name]
-    except KeyError:
-        raise InvalidInputError(f"unsupported cache type '{name}' (supported: {', '.join(CACHE_TYPES)})") from None
+from ..statefile import StateReader, StateWriter
+from .base import AttnGroup, KeyShifter, Memory, MemoryContext, MemoryStatus, open_range
+from .storage import KVStorage
 
 
 @dataclass(frozen=True)
@@ -33,21 +28,22 @@ class LayerShape:
 
 
 class KVCells:
-    """Position and sequence membership of every cell (-1 = empty)."""
+    """Position, sequence membership and pending shift of every cell of one stream."""
 
     def __init__(self, size: int, n_seq_max: int):
         self.pos = np.full(size, -1, dtype=np.int32)
         self.seq = np.zeros((size, n_seq_max), dtype=bool)
+        self.shift = np.zeros(size, dtype=np.int32)
 
     @property
     def size(self) -> int:
         return len(self.pos)
 
     def snapshot(self):
-        return self.pos.copy(), self.seq.copy()
+        return self.pos.copy(), self.seq.copy(), self.shift.copy()
 
     def restore(self, snap) -> None:
-        self.pos[:], self.seq[:] = snap
+        self.pos[:], self.seq[:], self.shift[:] = snap
 
     def used(self) -> int:
         return int(np.count_nonzero(self.pos >= 0))
@@ -64,75 +60,101 @@ class KVCells:
         member = self.seq[:, seq]
         return int(self.pos[member].max()) if member.any() else -1
 
+    def free(self, idxs) -> None:
+        self.pos[idxs] = -1
+        self.seq[idxs] = False
+        self.shift[idxs] = 0
+
     def clear(self) -> None:
-        self.pos[:] = -1
-        self.seq[:] = False
+        self.free(slice(None))
+
+    def in_range(self, seq: int, p0: int, p1: int) -> np.ndarray:
+        hit = (self.pos >= p0) & (self.pos < p1)
+        return hit & (self.seq.any(axis=1) if seq < 0 else self.seq[:, seq])
 
     def seq_rm(self, seq: int, p0: int, p1: int) -> None:
-        in_range = (self.pos >= p0) & (self.pos < p1)
+        hit = self.in_range(seq, p0, p1)
         if seq < 0:
-            self.seq[in_range] = False
+            self.seq[hit] = False
         else:
-            self.seq[in_range, seq] = False
-        self.pos[in_range & ~self.seq.any(axis=1)] = -1
+            self.seq[hit, seq] = False
+        self.free(hit & ~self.seq.any(axis=1))
 
 
 class KVCache(Memory):
-    kind = "unified"
-
-    def __init__(self, layers: dict[int, LayerShape], kv_size: int, n_seq_max: int = 1,
-                 type_k: str = "f32", type_v: str = "f32", n_swa: int = 0):
+    def __init__(self, layers: dict[int, LayerShape], kv_size: int, n_seq_max: int = 1, n_stream: int = 1,
+                 type_k: str = "f32", type_v: str = "f32", n_swa: int = 0, swa_layers=frozenset(),
+                 kind: str = "unified"):
+        self.kind = kind
         self.layers = layers
-        self.kv_size, self.n_seq_max, self.n_swa = kv_size, n_seq_max, n_swa
+        self.kv_size, self.n_seq_max, self.n_stream = kv_size, n_seq_max, n_stream
         self.type_k, self.type_v = type_k, type_v
-        dk, dv = cache_dtype(type_k), cache_dtype(type_v)
-        self.k = {il: np.zeros((1, kv_size, s.n_head_kv * s.head_dim_k), dk) for il, s in layers.items()}
-        self.v = {il: np.zeros((1, kv_size, s.n_head_kv * s.head_dim_v), dv) for il, s in layers.items()}
-        self.cells = KVCells(kv_size, n_seq_max)
-        self.head = 0
+        self.n_swa, self.swa_layers = n_swa, frozenset(swa_layers) & frozenset(layers)
+        self.reuses_cells = n_swa > 0 and bool(layers) and self.swa_layers == frozenset(layers)
+        self.k = {il: KVStorage(n_stream, kv_size, s.n_head_kv * s.head_dim_k, type_k) for il, s in layers.items()}
+        self.v = {il: KVStorage(n_stream, kv_size, s.n_head_kv * s.head_dim_v, type_v) for il, s in layers.items()}
+        self.cells = [KVCells(kv_size, n_seq_max) for _ in range(n_stream)]
+        self.heads = [0] * n_stream
+
+    def stream_of(self, seq: int) -> int:
+        return seq if self.n_stream > 1 else 0
+
+    def _streams(self, seq: int) -> list[int]:
+        return list(range(self.n_stream)) if seq < 0 else [self.stream_of(seq)]
 
     # ---- planning ------------------------------------------------------------------------
 
-    def init_batch(self, balloc: BatchAllocator, n_ubatch: int, embd_all: bool = False) -> "KVCacheContext":
-        ubatches = balloc.split_simple(n_ubatch)
+    def init_batch(self, balloc: BatchAllocator, n_ubatch: int) -> "KVCacheContext":
+        ubatches = balloc.split_simple(n_ubatch) if self.n_stream == 1 else balloc.split_equal(n_ubatch)
         slots = self.prepare(ubatches)
         if slots is None:
             return KVCacheContext(self, MemoryStatus.FAILED_PREPARE)
         return KVCacheContext(self, MemoryStatus.SUCCESS, ubatches, slots)
 
-    def prepare(self, ubatches: list[UBatch]) -> list[np.ndarray] | None:
+    def prepare(self, ubatches: list[UBatch]):
         """Dry run: place every ubatch in turn, then put the cells back as they were."""
-        saved, saved_head = self.cells.snapshot(), self.head
+        saved, saved_heads = [c.snapshot() for c in self.cells], list(self.heads)
         slots = []
         try:
             for ub in ubatches:
-                idxs = self.find_slot(ub)
-                if idxs is None:
+                slot = self.find_slot(ub)
+                if slot is None:
                     return None
-                self.apply_ubatch(idxs, ub)
-                slots.append(idxs)
+                self.apply_ubatch(slot, ub)
+                slots.append(slot)
         finally:
-            self.cells.restore(saved)
-            self.head = saved_head
+            for cells, snap in zip(self.cells, saved):
+                cells.restore(snap)
+            self.heads = saved_heads
         return slots
 
-    def find_slot(self, ub: UBatch) -> np.ndarray | None:
-        """Cells for the ubatch's tokens: scan from the head, wrapping, taking every usable cell."""
-        n, size = ub.n_tokens, self.kv_size
+    def find_slot(self, ub: UBatch) -> tuple[np.ndarray, np.ndarray] | None:
+        """(stream, cell) for every token of the ubatch, or None when a stream is full."""
+        streams = ub.seq_id.copy() if self.n_stream > 1 else np.zeros(ub.n_tokens, dtype=np.int32)
+        cells = np.empty(ub.n_tokens, dtype=np.int64)
+        for st in np.unique(streams):
+            rows = np.flatnonzero(streams == st)
+            idxs = self._find_cells(int(st), len(rows))
+            if idxs is None:
+                return None
+            cells[rows] = idxs
+        return streams, cells
+
+    def _find_cells(self, st: int, n: int) -> np.ndarray | None:
+        """Scan from the stream's head, wrapping, taking every usable cell."""
+        cells, size = self.cells[st], self.kv_size
         if n > size:
             return None
-        cells = self.cells
-        head = 0 if self.head > cells.used() + 2 * n else self.head
+        head = 0 if self.heads[st] > cells.used() + 2 * n else self.heads[st]
         usable = cells.pos < 0
-        if self.n_swa > 0:
-            usable |= self._swa_reusable()
+        if self.reuses_cells:
+            usable |= self._out_of_window(cells)
         order = np.concatenate([np.arange(head, size), np.arange(0, head)])
         idxs = order[usable[order]][:n]
         return idxs if len(idxs) == n else None
 
-    def _swa_reusable(self) -> np.ndarray:
+    def _out_of_window(self, cells: KVCells) -> np.ndarray:
         """Cells of a single sequence that its next token already masks out of the window."""
-        cells = self.cells
         single = (cells.pos >= 0) & (cells.seq.sum(axis=1) == 1)
         reusable = np.zeros(cells.size, dtype=bool)
         if single.any():
@@ -141,85 +163,248 @@ class KVCache(Memory):
             reusable[single] = next_pos[owner] - cells.pos[single] >= self.n_swa
         return reusable
 
-    def apply_ubatch(self, idxs: np.ndarray, ub: UBatch) -> None:
-        cells = self.cells
+    def apply_ubatch(self, slot, ub: UBatch) -> None:
+        streams, cell_idx = slot
+        for st in np.unique(streams):
+            rows = streams == st
+            self._place(int(st), cell_idx[rows], ub.pos[rows], ub.seq_id[rows])
+
+    def _place(self, st: int, idxs: np.ndarray, pos: np.ndarray, seq: np.ndarray) -> None:
+        cells = self.cells[st]
         evicted_max: dict[int, int] = {}
         for idx in idxs[cells.pos[idxs] >= 0]:
             owner = int(cells.seq[idx].argmax())
             evicted_max[owner] = max(evicted_max.get(owner, -1), int(cells.pos[idx]))
-        cells.pos[idxs] = -1
-        cells.seq[idxs] = False
-        cells.pos[idxs] = ub.pos
-        cells.seq[idxs, ub.seq_id] = True
+        cells.free(idxs)
+        cells.pos[idxs] = pos
+        cells.seq[idxs, seq] = True
         # keep every sequence's [pos_min, pos_max] dense: drop what precedes an evicted position
-        for seq, pmax in evicted_max.items():
-            pmin = cells.seq_pos_min(seq)
+        for owner, pmax in evicted_max.items():
+            pmin = cells.seq_pos_min(owner)
             if 0 <= pmin <= pmax:
-                cells.seq_rm(seq, pmin, pmax + 1)
-        self.head = int(idxs[-1]) + 1
+                cells.seq_rm(owner, pmin, pmax + 1)
+        self.heads[st] = int(idxs[-1]) + 1
 
     # ---- sequence operations -------------------------------------------------------------
 
     def clear(self) -> None:
-        self.cells.clear()
-        self.head = 0
+        for cells in self.cells:
+            cells.clear()
+        self.heads = [0] * self.n_stream
 
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
-        p0 = 0 if p0 < 0 else p0
-        p1 = np.iinfo(np.int32).max if p1 < 0 else p1
-        self.cells.seq_rm(seq, p0, p1)
+        p0, p1 = open_range(p0, p1)
+        for st in self._streams(seq):
+            self.cells[st].seq_rm(seq, p0, p1)
         return True
 
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        if src == dst:
+            return
+        s_src, s_dst = self.stream_of(src), self.stream_of(dst)
+        if s_src == s_dst:  # share the cells
+            cells = self.cells[s_src]
+            cells.seq[cells.in_range(src, *open_range(p0, p1)), dst] = True
+            return
+        if p0 >= 0 or p1 >= 0:
+            raise InvalidInputError("with --kv split a sequence copy takes the whole sequence (no position range)")
+        self._copy_stream(s_src, src, s_dst, dst)
+
+    def _copy_stream(self, s_src: int, src: int, s_dst: int, dst: int) -> None:
+        """Copy sequence src (cells and K/V rows) into the empty stream of dst."""
+        source, target = self.cells[s_src], self.cells[s_dst]
+        target.clear()
+        idxs = np.flatnonzero(source.seq[:, src])
+        target.pos[idxs], target.shift[idxs] = source.pos[idxs], source.shift[idxs]
+        target.seq[idxs, dst] = True
+        for store in (*self.k.values(), *self.v.values()):
+            store.set_raw(s_dst, idxs, store.raw(s_src, idxs))
+        self.heads[s_dst] = self.heads[s_src]
+
+    def seq_keep(self, seq: int) -> None:
+        for cells in self.cells:
+            keep = cells.seq[:, seq].copy()
+            cells.seq[:] = False
+            cells.seq[keep, seq] = True
+            cells.free(~keep)
+
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        if delta == 0:
+            return
+        for st in self._streams(seq):
+            cells = self.cells[st]
+            hit = cells.in_range(seq, *open_range(p0, p1))
+            cells.pos[hit] += delta
+            cells.shift[hit] += delta
+            cells.free(hit & (cells.pos < 0))
+
+    def seq_div(self, seq: int, p0: int, p1: int, d: int) -> None:
+        if d == 1:
+            return
+        for st in self._streams(seq):
+            cells = self.cells[st]
+            hit = cells.in_range(seq, *open_range(p0, p1))
+            new_pos = cells.pos[hit] // d
+            cells.shift[hit] += new_pos - cells.pos[hit]  # the rotation still owed to the keys
+            cells.pos[hit] = new_pos
+
+    def update(self, shift_keys: KeyShifter) -> bool:
+        """The K-shift: rotate every cached key by its cell's accumulated position change."""
+        done = False
+        for st, cells in enumerate(self.cells):
+            idxs = np.flatnonzero((cells.shift != 0) & (cells.pos >= 0))
+            if len(idxs):
+                delta = cells.shift[idxs].astype(np.float32)
+                for il, shape in self.layers.items():
+                    store = self.k[il]
+                    keys = store.to_float(store.raw(st, idxs)).reshape(len(idxs), shape.n_head_kv, -1)
+                    rotated = shift_keys(il, keys, delta).reshape(len(idxs), -1)
+                    store.write(np.full(len(idxs), st), idxs, rotated)
+                done = True
+            cells.shift[:] = 0
+        return done
+
     def seq_pos_min(self, seq: int) -> int:
-        return self.cells.seq_pos_min(seq)
+        return self.cells[self.stream_of(seq)].seq_pos_min(seq)
 
     def seq_pos_max(self, seq: int) -> int:
-        return self.cells.seq_pos_max(seq)
+        return self.cells[self.stream_of(seq)].seq_pos_max(seq)
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k.values()) + sum(a.nbytes for a in self.v.values())
+        return sum(s.nbytes for s in (*self.k.values(), *self.v.values()))
+
+    # ---- state ---------------------------------------------------------------------------
+
+    def _write_header(self, w: StateWriter) -> None:
+        w.u32(self.n_stream)
+        w.u32(self.kv_size)
+        w.str(self.type_k)
+        w.str(self.type_v)
+        w.array(np.array(sorted(self.layers), dtype=np.int32))
+
+    def _check_header(self, r: StateReader, seq: int | None) -> None:
+        r.expect("the stream count", r.u32("the stream count"), self.n_stream)
+        kv_size = r.u32("the cache size")
+        if seq is None:
+            r.expect("the cache size", kv_size, self.kv_size)
+        r.expect("the K cache type", r.str("the K cache type"), self.type_k)
+        r.expect("the V cache type", r.str("the V cache type"), self.type_v)
+        layers = r.array("the layer list", np.int32)
+        r.expect("the cached layers", layers.tolist(), sorted(self.layers))
+
+    def state_write(self, w: StateWriter, seq: int | None = None) -> None:
+        self._write_header(w)
+        for st in (range(self.n_stream) if seq is None else [self.stream_of(seq)]):
+            cells = self.cells[st]
+            idxs = np.flatnonzero(cells.pos >= 0 if seq is None else cells.seq[:, seq])
+            w.array(idxs.astype(np.int32))
+            w.array(cells.pos[idxs])
+            w.array(cells.seq[idxs] if seq is None else np.ones((len(idxs), 1), bool))
+            for il in sorted(self.layers):
+                w.array(self.k[il].raw(st, idxs))
+                w.array(self.v[il].raw(st, idxs))
+
+    def _read_rows(self, r: StateReader, n: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        rows = {}
+        for il in sorted(self.layers):
+            k_store, v_store = self.k[il], self.v[il]
+            k = r.array(f"layer {il} keys", k_store.data.dtype, (n, k_store.data.shape[2]))
+            v = r.array(f"layer {il} values", v_store.data.dtype, (n, v_store.data.shape[2]))
+            rows[il] = (k, v)
+        return rows
+
+    def state_read(self, r: StateReader, seq: int | None = None):
+        self._check_header(r, seq)
+        streams = []
+        for st in (range(self.n_stream) if seq is None else [self.stream_of(seq)]):
+            idxs = r.array("the cell indices", np.int32)
+            n = len(idxs)
+            if np.any((idxs < 0) | (idxs >= self.kv_size)):
+                raise r.fail("a cell index is outside the cache")
+            pos = r.array("the cell positions", np.int32, (n,))
+            member = r.array("the cell sequences", bool, (n, self.n_seq_max if seq is None else 1))
+            streams.append((st, idxs, pos, member, self._read_rows(r, n)))
+        return lambda: self._commit_full(streams) if seq is None else self._commit_seq(seq, streams[0])
+
+    def _commit_full(self, streams) -> None:
+        self.clear()
+        for st, idxs, pos, member, rows in streams:
+            cells = self.cells[st]
+            cells.pos[idxs], cells.seq[idxs] = pos, member
+            self._write_rows(st, idxs, rows)
+            self.heads[st] = int(idxs[-1]) + 1 if len(idxs) else 0
+
+    def _commit_seq(self, seq: int, stream) -> None:
+        st, _, pos, _, rows = stream
+        cells = self.cells[st]
+        snap = cells.snapshot()
+        cells.seq_rm(seq, 0, np.iinfo(np.int32).max)
+        free = np.flatnonzero(cells.pos < 0)
+        if len(free) < len(pos):
+            cells.restore(snap)
+            raise InvalidInputError(f"no room for the {len(pos)} saved cells of sequence {seq} "
+                                    f"({len(free)} free cells)")
+        idxs = free[: len(pos)]
+        cells.pos[idxs] = pos
+        cells.seq[idxs, seq] = True
+        self._write_rows(st, idxs, rows)
+
+    def _write_rows(self, st: int, idxs: np.ndarray, rows) -> None:
+        for il, (k, v) in rows.items():
+            self.k[il].set_raw(st, idxs, k)
+            self.v[il].set_raw(st, idxs, v)
 
 
 class KVCacheContext(MemoryContext):
     def __init__(self, cache: KVCache, status: MemoryStatus, ubatches=None, slots=None):
         super().__init__(status, ubatches)
         self.cache, self.slots = cache, slots or []
-        self.n_kv = 0
-        self._mask = None
+        self._groups: dict[bool, list] = {}
 
     def apply(self) -> None:
         self.cache.apply_ubatch(self.slots[self.index], self.ubatch)
-        self.n_kv = self.cache.cells.used_max_p1()
-        self._mask = None
+        self._groups = {}
 
     def layer(self, il: int) -> "KVCacheContext":
         return self
 
     def store(self, il: int, k: np.ndarray, v: np.ndarray) -> None:
         """Write the ubatch's K/V rows (n_tokens, n_head_kv, head_dim) into its cells."""
-        idxs = self.slots[self.index]
-        self.cache.k[il][0, idxs] = k.reshape(len(idxs), -1)
-        self.cache.v[il][0, idxs] = v.reshape(len(idxs), -1)
+        streams, cells = self.slots[self.index]
+        self.cache.k[il].write(streams, cells, k.reshape(len(cells), -1))
+        self.cache.v[il].write(streams, cells, v.reshape(len(cells), -1))
 
-    def kv(self, il: int) -> tuple[np.ndarray, np.ndarray]:
-        """Views of the first n_kv cells as (n_kv, n_head_kv, head_dim)."""
-        shape = self.cache.layers[il]
-        k = self.cache.k[il][0, : self.n_kv].reshape(self.n_kv, shape.n_head_kv, shape.head_dim_k)
-        v = self.cache.v[il][0, : self.n_kv].reshape(self.n_kv, shape.n_head_kv, shape.head_dim_v)
-        return k, v
+    def groups(self, il: int) -> list[AttnGroup]:
+        """Per stream of the ubatch: its query rows, the cached K/V views and the mask."""
+        shape, windowed = self.cache.layers[il], il in self.cache.swa_layers
+        out = []
+        for st, rows, n_kv, mask in self._stream_masks(windowed):
+            k = self.cache.k[il].read(st, n_kv).reshape(n_kv, shape.n_head_kv, shape.head_dim_k)
+            v = self.cache.v[il].read(st, n_kv).reshape(n_kv, shape.n_head_kv, shape.head_dim_v)
+            out.append(AttnGroup(rows, k, v, mask))
+        return out
 
-    @property
-    def mask(self) -> np.ndarray:
-        """(n_tokens, n_kv): 0 where a token may attend a cell, -inf elsewhere."""
-        if self._mask is None:
-            self._mask = causal_mask(self.cache.cells, self.ubatch, self.n_kv, self.cache.n_swa)
-        return self._mask
+    def _stream_masks(self, windowed: bool):
+        """Masks depend only on the ubatch and the cells, so each is built once per ubatch."""
+        if windowed not in self._groups:
+            streams, _ = self.slots[self.index]
+            ub, groups = self.ubatch, []
+            for st in np.unique(streams):
+                rows = slice(None) if self.cache.n_stream == 1 else np.flatnonzero(streams == st)
+                cells = self.cache.cells[int(st)]
+                n_kv = cells.used_max_p1()
+                window = self.cache.n_swa if windowed else 0
+                groups.append((int(st), rows, n_kv, causal_mask(cells, ub.pos[rows], ub.seq_id[rows], n_kv, window)))
+            self._groups[windowed] = groups
+        return self._groups[windowed]
 
 
-def causal_mask(cells: KVCells, ub: UBatch, n_kv: int, n_swa: int = 0) -> np.ndarray:
-    pos = cells.pos[:n_kv]
-    allowed = cells.seq[:n_kv][:, ub.seq_id].T & (pos[None, :] <= ub.pos[:, None])
+def causal_mask(cells: KVCells, pos: np.ndarray, seq_id: np.ndarray, n_kv: int, n_swa: int = 0) -> np.ndarray:
+    """(n_tokens, n_kv): a token sees cells of its own sequence at its position or before,
+    and with a window only the last n_swa positions."""
+    cell_pos = cells.pos[:n_kv]
+    allowed = cells.seq[:n_kv][:, seq_id].T & (cell_pos[None, :] <= pos[:, None])
     if n_swa > 0:
-        allowed &= (ub.pos[:, None] - pos[None, :]) < n_swa
+        allowed &= (pos[:, None] - cell_pos[None, :]) < n_swa
     return np.where(allowed, np.float32(0.0), np.float32(-np.inf))

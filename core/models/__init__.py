@@ -7,7 +7,7 @@ from pathlib import Path
 from ..errors import UnsupportedError
 from ..gguf import GGUFFile
 from . import gemma3, llama  # noqa: F401  (registration)
-from .base import HParams, MemoryParams, Model, ProgressFn
+from .base import HParams, Model, ProgressFn
 from .registry import ARCHITECTURES
 
 
@@ -24,4 +24,4 @@ def load_model(path: str | Path, progress: ProgressFn | None = None) -> Model:
         gguf.close()
 
 
-__all__ = ["load_model", "Model", "HParams", "MemoryParams", "ARCHITECTURES"]
+__all__ = ["load_model", "Model", "HParams", "ARCHITECTURES"]

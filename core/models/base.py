@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+from dataclasses import asdict, dataclass, field
 from typing import Callable, ClassVar
 
 import numpy as np
 
 from ..errors import ModelFileError, UnsupportedError
 from ..gguf import GGUFFile
-from ..memory import KVCache, KVCacheISWA, LayerShape, Memory
+from ..memory import Memory, MemoryParams, create_memory
 from ..vocab import Vocab
 
 ProgressFn = Callable[[int, int], None]
@@ -92,14 +93,13 @@ def read_hparams(gguf: GGUFFile, arch: str) -> HParams:
     )
 
 
-@dataclass
-class MemoryParams:
-    n_ctx: int
-    n_ubatch: int
-    n_seq_max: int = 1
-    type_k: str = "f32"
-    type_v: str = "f32"
-    swa_full: bool = False
+def fingerprint(gguf: GGUFFile, hp: HParams) -> str:
+    """Identifies a model's weights for state files: shapes, types and a sample of every tensor."""
+    digest = hashlib.sha256(repr((gguf.architecture, sorted(asdict(hp).items()))).encode())
+    for name, info in gguf.tensors.items():
+        digest.update(f"{name}:{info.type.name}:{info.shape}".encode())
+        digest.update(gguf.raw(name)[:256].tobytes())
+    return digest.hexdigest()[:32]
 
 
 class Model:
@@ -113,6 +113,7 @@ class Model:
         self.vocab = Vocab(gguf)
         self.chat_template = gguf.get("tokenizer.chat_template")
         self.name = gguf.get("general.name") or gguf.path.stem
+        self.fingerprint = fingerprint(gguf, self.hparams)
         if self.hparams.n_vocab != self.vocab.n_tokens:
             raise ModelFileError(f"{gguf.path}: vocab_size {self.hparams.n_vocab} differs from the "
                                  f"{self.vocab.n_tokens} tokens of the tokenizer")
@@ -131,12 +132,8 @@ class Model:
         raise NotImplementedError
 
     def create_memory(self, params: MemoryParams) -> Memory:
-        hp = self.hparams
-        layers = {il: LayerShape(hp.n_head_kv, hp.head_dim_k, hp.head_dim_v) for il in range(hp.n_layer)}
-        if hp.n_swa > 0 and hp.swa_layers:
-            return KVCacheISWA(layers, set(hp.swa_layers), params.n_ctx, hp.n_swa, params.n_ubatch,
-                               params.n_seq_max, params.type_k, params.type_v, params.swa_full)
-        return KVCache(layers, params.n_ctx, params.n_seq_max, params.type_k, params.type_v)
+        """The memory the flags ask for; an architecture overrides this only if the default is wrong."""
+        return create_memory(self.hparams, self.arch, params)
 
     # ---- weight loading helpers ----------------------------------------------------------
 

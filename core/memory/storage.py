@@ -1,0 +1,64 @@
+"""Where a cache keeps one layer's K or V rows: `[stream, cell, row]` in the chosen cache type.
+
+f32 and f16 rows are plain arrays; q8_0 and q4_0 rows are ggml blocks (so a state file can
+carry them as they are). Reads always give float32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+
+from ..errors import InvalidInputError
+from ..quants import dequantize_rows, quantize_rows
+
+FLOAT_TYPES = {"f32": np.float32, "f16": np.float16}
+BLOCK_TYPES = {"q8_0": T.Q8_0, "q4_0": T.Q4_0}
+CACHE_TYPES = tuple(FLOAT_TYPES) + tuple(BLOCK_TYPES)
+
+
+def check_cache_type(name: str, dim: int | None = None) -> None:
+    if name not in CACHE_TYPES:
+        raise InvalidInputError(f"unsupported cache type '{name}' (supported: {', '.join(CACHE_TYPES)})")
+    if dim is not None and name in BLOCK_TYPES and dim % GGML_QUANT_SIZES[BLOCK_TYPES[name]][0]:
+        raise InvalidInputError(f"cache type {name} needs rows that are a multiple of 32 values; this model's are {dim}")
+
+
+class KVStorage:
+    def __init__(self, n_stream: int, kv_size: int, dim: int, type_name: str):
+        check_cache_type(type_name, dim)
+        self.type_name, self.dim = type_name, dim
+        self.qtype = BLOCK_TYPES.get(type_name)
+        if self.qtype is None:
+            self.data = np.zeros((n_stream, kv_size, dim), dtype=FLOAT_TYPES[type_name])
+        else:
+            block, type_size = GGML_QUANT_SIZES[self.qtype]
+            self.data = np.zeros((n_stream, kv_size, dim // block * type_size), dtype=np.uint8)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+    @property
+    def row_bytes(self) -> int:
+        return self.data.shape[2] * self.data.itemsize
+
+    def write(self, streams: np.ndarray, cells: np.ndarray, rows: np.ndarray) -> None:
+        """Store float rows (n, dim) at (streams[i], cells[i])."""
+        self.data[streams, cells] = rows if self.qtype is None else quantize_rows(rows, self.qtype)
+
+    def read(self, stream: int, n: int) -> np.ndarray:
+        """The first n cells of a stream as float32 (n, dim); a view when the type is f32."""
+        return self.to_float(self.data[stream, :n])
+
+    def to_float(self, raw: np.ndarray) -> np.ndarray:
+        if self.qtype is not None:
+            return dequantize_rows(raw, self.qtype)
+        return raw.astype(np.float32, copy=False)
+
+    def raw(self, stream: int, cells: np.ndarray) -> np.ndarray:
+        """Rows exactly as stored, for state files and copies."""
+        return self.data[stream, cells]
+
+    def set_raw(self, stream: int, cells: np.ndarray, raw: np.ndarray) -> None:
+        self.data[stream, cells] = raw
