@@ -92,15 +92,17 @@ class BatchAllocator:
         pos = np.asarray(batch.pos, dtype=np.int32) if given else np.empty(len(seq_id), np.int32)
         for s in np.unique(seq_id):
             idx = np.flatnonzero(seq_id == s)
-            start = memory.seq_pos_max(int(s)) + 1 if memory is not None else 0
+            last = memory.seq_pos_max(int(s)) if memory is not None else -1
             if not given:
-                pos[idx] = np.arange(start, start + len(idx))
+                pos[idx] = np.arange(last + 1, last + 1 + len(idx))
                 continue
             seq_pos = pos[idx]
-            if memory is not None and seq_pos[0] != start:
+            if seq_pos[0] < 0:
+                raise InvalidInputError(f"sequence {s} starts at the negative position {seq_pos[0]}")
+            if last >= 0 and seq_pos[0] != last + 1:
                 raise InvalidInputError(
                     f"sequence {s} continues at position {seq_pos[0]}, but the memory holds it up to "
-                    f"position {start - 1}; positions must continue at {start}")
+                    f"position {last}; positions must continue at {last + 1}")
             if np.any(np.diff(seq_pos) != 1):
                 raise InvalidInputError(f"the positions of sequence {s} in the batch are not consecutive")
         return pos

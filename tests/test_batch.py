@@ -21,7 +21,7 @@ def test_defaults(cache):
 @pytest.mark.parametrize("batch, message", [
     (Batch.from_tokens([1, 10]), "outside the vocabulary"),
     (Batch.from_tokens([1], seq_id=2), "out of range"),
-    (Batch.from_tokens([1, 2], pos0=3), "must continue at 0"),
+    (Batch.from_tokens([1, 2], pos0=-1), "negative position"),
     (Batch(np.array([1, 2], np.int32), pos=np.array([0, 2], np.int32)), "not consecutive"),
     (Batch(np.array([], np.int32)), "empty"),
 ])
@@ -30,6 +30,16 @@ def test_invalid_batches(cache, batch, message):
     with pytest.raises(InvalidInputError, match=message):
         balloc.init(batch, cache)
     assert balloc.tokens is None  # nothing kept
+
+
+@pytest.mark.parametrize("pos0", [5, 2])
+def test_positions_must_continue_a_sequence(cache, pos0):
+    balloc = BatchAllocator(n_vocab=10, n_seq_max=2)
+    balloc.init(Batch.from_tokens([1, 2, 3], pos0=0), None)
+    mctx = cache.init_batch(balloc, 8)
+    mctx.apply()
+    with pytest.raises(InvalidInputError, match="must continue at 3"):
+        balloc.init(Batch.from_tokens([4], pos0=pos0), cache)
 
 
 def test_split_simple_keeps_order(cache):

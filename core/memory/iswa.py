@@ -4,6 +4,7 @@ global layers and a window-sized one for the sliding-window layers, fed the same
 from __future__ import annotations
 
 from ..batch import BatchAllocator
+from ..errors import InvalidInputError
 from ..statefile import StateReader, StateWriter
 from .base import KeyShifter, Memory, MemoryContext, MemoryStatus
 from .kv_cache import KVCache, KVCacheContext, LayerShape
@@ -58,11 +59,18 @@ class KVCacheISWA(Memory):
         for child in self.children:
             child.seq_keep(seq)
 
+    def _check_shift(self) -> None:
+        if not self.can_shift:
+            raise InvalidInputError("positions cannot be shifted in an iSWA cache whose window cache is smaller "
+                                    "than the full one; use --swa-full")
+
     def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        self._check_shift()
         for child in self.children:
             child.seq_add(seq, p0, p1, delta)
 
     def seq_div(self, seq: int, p0: int, p1: int, d: int) -> None:
+        self._check_shift()
         for child in self.children:
             child.seq_div(seq, p0, p1, d)
 
