@@ -14,6 +14,13 @@ from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.models import Model, load_model
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+settings = {"verbose": False}  # set by `llm -v`
+
+
+def log(message: str) -> None:
+    """Informational lines on stderr, shown with -v."""
+    if settings["verbose"]:
+        err_console.print(message, markup=False)
 
 
 class RichReporter:

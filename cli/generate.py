@@ -10,22 +10,29 @@ from typing import Annotated, Optional
 import typer
 
 from llmsuite.core.chat import chat_prompt
-from llmsuite.core.context import Context, ContextParams
+from llmsuite.core.context import Context
 from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.generation import check_prompt, generate as run_generation
 from llmsuite.core.sampling import DEFAULT_SEED, Sampler, SamplerParams
 
-from .common import err_console, open_model, read_text_file
+from . import options as opt
+from .common import err_console, log, open_model, read_text_file
 
 
 def generate(
-    model: Annotated[Optional[str], typer.Option("-m", "--model", help="GGUF path or known model name")] = None,
+    model: opt.Model = None,
     prompt: Annotated[Optional[str], typer.Option("-p", "--prompt", help="prompt text")] = None,
     file: Annotated[Optional[Path], typer.Option("-f", "--file", help="read the prompt from a file")] = None,
     n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="tokens to generate (-1: until end)")] = -1,
-    ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", help="context size (0: the model's)")] = 0,
-    batch_size: Annotated[int, typer.Option("-b", "--batch-size", help="logical batch size")] = 2048,
-    ubatch_size: Annotated[int, typer.Option("-ub", "--ubatch-size", help="physical micro-batch size")] = 512,
+    ctx_size: opt.CtxSize = 0,
+    batch_size: opt.BatchSize = 2048,
+    ubatch_size: opt.UBatchSize = 512,
+    parallel: Annotated[int, typer.Option("-np", "--parallel", help="completions of the prompt, in one batch")] = 1,
+    kv: opt.Kv = "auto",
+    ctx_kind: opt.Ctx = "auto",
+    swa_full: opt.SwaFull = False,
+    cache_type_k: opt.CacheTypeK = "f32",
+    cache_type_v: opt.CacheTypeV = "f32",
     seed: Annotated[int, typer.Option("-s", "--seed", help="sampling seed (default: random)")] = DEFAULT_SEED,
     temp: Annotated[float, typer.Option("--temp", help="temperature (0: greedy)")] = 0.8,
     top_k: Annotated[int, typer.Option("--top-k")] = 40,
@@ -35,6 +42,7 @@ def generate(
     repeat_last_n: Annotated[int, typer.Option("--repeat-last-n")] = 64,
     chat: Annotated[bool, typer.Option("--chat", help="format the prompt with the model's chat template")] = False,
     system: Annotated[Optional[str], typer.Option("--system", "-sys", help="system message for --chat")] = None,
+    prompt_cache: Annotated[Optional[Path], typer.Option("--prompt-cache", help="state file to reuse the prompt from")] = None,
     display_prompt: Annotated[bool, typer.Option("--display-prompt/--no-display-prompt")] = True,
 ) -> None:
     """Generate text from a prompt (llama-completion)."""
@@ -42,36 +50,49 @@ def generate(
     _check_sampling(temp, repeat_penalty, n_predict)
     if system is not None and not chat:
         raise InvalidInputError("--system only applies with --chat")
-    params = ContextParams(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size)
-    params.validate()
+    params = opt.context_params(ctx_size, batch_size, ubatch_size, parallel, kv, ctx_kind, swa_full,
+                                cache_type_k, cache_type_v)
     lm, t_load = open_model(model)
-    vocab = lm.vocab
     ctx = Context(lm, params)
     if chat:
         text = chat_prompt(lm, text, system)
-    tokens = vocab.tokenize(text, add_special=True, parse_special=True)
+    tokens = lm.vocab.tokenize(text, add_special=True, parse_special=True)
     check_prompt(ctx, tokens)
-    sampler = Sampler(SamplerParams(seed=seed, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                                    repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n))
-    err_console.print(f"sampler seed: {sampler.seed}\nsampler chain: {sampler.describe()}")
-    if display_prompt:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    streamer = vocab.streamer()
+    samplers = [Sampler(SamplerParams(seed=seed if seed == DEFAULT_SEED else seed + i, temp=temp, top_k=top_k,
+                                      top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+                                      repeat_last_n=repeat_last_n)) for i in range(parallel)]
+    log(f"sampler seed: {', '.join(str(s.seed) for s in samplers)}\n"
+        f"sampler chain: {samplers[0].describe()}\n"
+        f"memory: {ctx.memory.kind} ({ctx.kind}), {ctx.memory.nbytes / 2**20:.1f} MiB")
+    if parallel == 1:
+        results = _stream_one(ctx, samplers, tokens, n_predict, text if display_prompt else "", prompt_cache)
+    else:
+        results = run_generation(ctx, samplers, tokens, n_predict, prompt_cache=prompt_cache)
+        for i, result in enumerate(results):
+            sys.stdout.write(f"--- completion {i + 1}/{parallel} (seed {samplers[i].seed}) ---\n")
+            sys.stdout.write((text if display_prompt else "") + lm.vocab.detokenize(result.tokens) + _ending(result))
+    sys.stdout.flush()
+    if any(r.stop == "context" for r in results):
+        err_console.print("context full and context shift is disabled => stopping")
+    print_perf(ctx, t_load, sum(r.t_sample for r in results), sum(len(r.tokens) for r in results))
 
-    def emit(token: int) -> None:
+
+def _stream_one(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache):
+    sys.stdout.write(shown_prompt)
+    sys.stdout.flush()
+    streamer = ctx.model.vocab.streamer()
+
+    def emit(seq: int, token: int) -> None:
         sys.stdout.write(streamer.push(token))
         sys.stdout.flush()
 
-    result = run_generation(ctx, sampler, tokens, n_predict, on_token=emit)
-    sys.stdout.write(streamer.flush())
-    if result.stop == "eog":
-        sys.stdout.write(" [end of text]\n")
-    elif result.stop == "context":
-        err_console.print("\ncontext full and context shift is disabled => stopping")
-    sys.stdout.write("\n")
-    sys.stdout.flush()
-    print_perf(ctx, t_load, result.t_sample, len(result.tokens))
+    results = run_generation(ctx, samplers, tokens, n_predict, on_token=emit, prompt_cache=prompt_cache)
+    sys.stdout.write(streamer.flush() + _ending(results[0]))
+    return results
+
+
+def _ending(result) -> str:
+    return (" [end of text]\n" if result.stop == "eog" else "") + "\n"
 
 
 def _prompt_text(prompt: str | None, file: Path | None) -> str:

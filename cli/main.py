@@ -11,7 +11,7 @@ import typer
 from llmsuite.core.errors import LLMError
 
 from . import generate, models, tokenize
-from .common import err_console
+from .common import err_console, settings
 
 app = typer.Typer(
     name="llm",
@@ -21,12 +21,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-_state = {"verbose": False}
 
 
 @app.callback()
-def _options(verbose: Annotated[bool, typer.Option("-v", "--verbose", help="show tracebacks on errors")] = False):
-    _state["verbose"] = verbose
+def _options(verbose: Annotated[bool, typer.Option("-v", "--verbose", help="log details; tracebacks on errors")] = False):
+    settings["verbose"] = verbose
 
 
 app.command("generate")(generate.generate)
@@ -40,7 +39,7 @@ def main() -> None:
     try:
         app()
     except LLMError as e:
-        if _state["verbose"]:
+        if settings["verbose"]:
             traceback.print_exc()
         err_console.print(f"error: {e}", markup=False, soft_wrap=True)
         sys.exit(1)

@@ -1,10 +1,15 @@
 """The completion loop behind `llm generate`: prompt in n_batch chunks, then sample and decode
-one token at a time until end-of-generation, the token budget or a full context."""
+one token per sequence per step until end-of-generation, the token budget or a full context.
+
+With several samplers the prompt is decoded once on sequence 0 and shared with the others
+through `seq_cp` (the same cells in a unified cache, a copy per stream in a split one).
+"""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -19,18 +24,23 @@ PROMPT_MARGIN = 4  # llama-completion keeps 4 cells free beyond the prompt
 
 @dataclass
 class GenerationResult:
-    tokens: list[int]
-    stop: str  # "eog", "length" or "context"
+    tokens: list[int] = field(default_factory=list)
+    stop: str = "length"  # "eog", "length" or "context"
     t_sample: float = 0.0
+
+
+def sequence_capacity(ctx: Context) -> int:
+    """Cells one sequence can use: all of them, or its own stream's with --kv split."""
+    return ctx.n_ctx // ctx.params.n_seq_max if ctx.memory.kind == "split" else ctx.n_ctx
 
 
 def check_prompt(ctx: Context, tokens: list[int]) -> None:
     if not tokens:
         raise InvalidInputError("the prompt is empty and the model adds no BOS token")
-    limit = ctx.n_ctx - PROMPT_MARGIN
+    limit = sequence_capacity(ctx) - PROMPT_MARGIN
     if len(tokens) > limit:
         raise InvalidInputError(f"the prompt is too long ({len(tokens)} tokens, the context -c {ctx.n_ctx} "
-                                f"allows {limit})")
+                                f"allows {limit} per sequence)")
 
 
 def decode_or_raise(ctx: Context, batch: Batch) -> None:
@@ -40,7 +50,7 @@ def decode_or_raise(ctx: Context, batch: Batch) -> None:
 
 
 def prefill(ctx: Context, tokens: list[int], seq_id: int = 0) -> None:
-    """Decode the prompt in -b sized chunks; only the last token asks for logits."""
+    """Decode tokens after what the sequence holds, in -b sized chunks; the last one asks for logits."""
     n_batch = ctx.params.n_batch
     start = max(ctx.memory.seq_pos_max(seq_id) + 1, 0)
     for i in range(0, len(tokens), n_batch):
@@ -48,31 +58,82 @@ def prefill(ctx: Context, tokens: list[int], seq_id: int = 0) -> None:
         decode_or_raise(ctx, Batch.from_tokens(chunk, pos0=start + i, seq_id=seq_id))
 
 
-def generate(ctx: Context, sampler: Sampler, prompt: list[int], n_predict: int = -1,
-             on_token: Callable[[int], None] | None = None) -> GenerationResult:
-    """Complete `prompt`; n_predict -1 means until end-of-generation or a full context."""
+def reuse_prompt_cache(ctx: Context, path: Path, prompt: list[int]) -> tuple[int, bool]:
+    """Load a saved prompt state and keep the part that matches `prompt` (llama-completion's
+    --prompt-cache). Returns how many prompt tokens need no decoding (the last one is always
+    decoded again, for its logits) and whether the file held the whole prompt."""
+    if not path.exists():
+        return 0, False
+    saved = ctx.load_state(path)
+    n_match = 0
+    while n_match < min(len(saved), len(prompt)) and saved[n_match] == prompt[n_match]:
+        n_match += 1
+    keep = min(n_match, len(prompt) - 1)
+    ctx.memory.seq_rm(0, keep, -1)
+    return keep, n_match == len(prompt)
+
+
+def generate(ctx: Context, samplers: list[Sampler] | Sampler, prompt: list[int], n_predict: int = -1,
+             on_token: Callable[[int, int], None] | None = None, prompt_cache: Path | None = None,
+             ) -> list[GenerationResult]:
+    """Complete `prompt` once per sampler, all sequences in one batch per step.
+
+    n_predict -1 means until end-of-generation or a full context; `on_token(seq, token)` sees
+    every token as it is accepted.
+    """
+    samplers = [samplers] if isinstance(samplers, Sampler) else samplers
+    if len(samplers) > ctx.params.n_seq_max:
+        raise InvalidInputError(f"{len(samplers)} completions need -np {len(samplers)}")
     check_prompt(ctx, prompt)
+    n_cached, complete = reuse_prompt_cache(ctx, prompt_cache, prompt) if prompt_cache else (0, True)
+    prefill(ctx, prompt[n_cached:])
+    if not complete:
+        ctx.save_state(prompt_cache, prompt)
+    for seq in range(1, len(samplers)):
+        ctx.memory.seq_cp(0, seq, -1, -1)
+    for sampler in samplers:
+        for tok in prompt:
+            sampler.accept(tok)
+    return _decode_loop(ctx, samplers, len(prompt), n_predict, on_token)
+
+
+def _decode_loop(ctx, samplers, n_past, n_predict, on_token) -> list[GenerationResult]:
     vocab = ctx.model.vocab
-    prefill(ctx, prompt)
-    for tok in prompt:
-        sampler.accept(tok)
-    out: list[int] = []
-    n_past = len(prompt)
-    t_sample = 0.0
-    while n_predict < 0 or len(out) < n_predict:
-        t0 = time.perf_counter()
-        tok = sampler.sample(ctx.get_logits())
-        sampler.accept(tok)
-        t_sample += time.perf_counter() - t0
-        if vocab.is_eog(tok):
-            return GenerationResult(out, "eog", t_sample)
-        out.append(tok)
-        if on_token:
-            on_token(tok)
-        if len(out) == n_predict:
+    results = [GenerationResult() for _ in samplers]
+    logits = {seq: ctx.get_logits() for seq in range(len(samplers))}  # all share the prompt's last logits
+    active = list(range(len(samplers))) if n_predict != 0 else []
+    capacity = sequence_capacity(ctx)
+    while active:
+        step = []
+        for seq in active:
+            t0 = time.perf_counter()
+            tok = samplers[seq].sample(logits[seq])
+            samplers[seq].accept(tok)
+            results[seq].t_sample += time.perf_counter() - t0
+            if vocab.is_eog(tok):
+                results[seq].stop = "eog"
+                continue
+            results[seq].tokens.append(tok)
+            if on_token:
+                on_token(seq, tok)
+            if len(results[seq].tokens) == n_predict:
+                continue
+            if n_past >= capacity:
+                results[seq].stop = "context"
+                continue
+            step.append((seq, tok))
+        active = [seq for seq, _ in step]
+        if not step:
             break
-        if n_past >= ctx.n_ctx:
-            return GenerationResult(out, "context", t_sample)
-        decode_or_raise(ctx, Batch.from_tokens([tok], pos0=n_past))
+        batch = Batch(np.array([t for _, t in step], np.int32), pos=np.full(len(step), n_past, np.int32),
+                      seq_id=np.array(active, np.int32), output=np.ones(len(step), bool))
+        status = ctx.decode(batch)
+        if status == DecodeStatus.NO_SLOT:  # the shared cells ran out
+            for seq in active:
+                results[seq].stop = "context"
+            break
+        if status != DecodeStatus.OK:
+            raise LLMError(f"decode failed ({status.name.lower().replace('_', ' ')}): {ctx.last_error}")
+        logits = {seq: ctx.get_logits(i) for i, seq in enumerate(active)}
         n_past += 1
-    return GenerationResult(out, "length", t_sample)
+    return results

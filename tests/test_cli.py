@@ -56,6 +56,11 @@ def test_info_json():
     (["generate", "-m", str(TINY_GEMMA3), "-b", "16", "-ub", "32", "-p", "hi"], "cannot exceed the batch"),
     (["generate", "-m", "no-such-model", "-p", "hi"], "neither a file nor a known model"),
     (["pull", "no-such-model"], "unknown model 'no-such-model'"),
+    (["generate", "--kv", "iswa", "-p", "hi"], "--kv iswa needs sliding-window layers; llama has none"),
+    (["generate", "--ctx", "no-kv", "--kv", "split", "-p", "hi"], "cannot apply"),
+    (["generate", "--ctx", "encoder", "-p", "hi"], "needs an encoder model"),
+    (["generate", "-ctk", "q5_9", "-p", "hi"], "--cache-type-k q5_9 is not supported"),
+    (["generate", "--kv", "bogus", "-p", "hi"], "unknown --kv 'bogus'"),
     (["info", str(TINY_GEMMA3.parent / "tiny-gemma3-swa.json")], "not a GGUF file"),
 ])
 def test_bad_input_is_one_sentence(args, fragment):
@@ -94,3 +99,17 @@ def test_unknown_architecture_and_tensor_type(tmp_path):
 def test_prompt_file_errors(tmp_path):
     assert_one_line_error(llm("generate", "-m", str(TINY_GEMMA3), "-f", str(tmp_path / "none.txt")), "no such file")
     assert_one_line_error(llm("generate", "-m", str(TINY_GEMMA3), "-f", str(TINY_GEMMA3), "-p", "x"), "not both")
+
+
+def test_generate_memory_flags_and_parallel():
+    r = llm("-v", "generate", "-m", str(TINY_GEMMA3), "-p", "one two", "-n", "3", "--temp", "0", "-np", "2",
+            "--kv", "split", "-ctk", "q8_0", "-ctv", "f16", "-c", "64")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("--- completion") == 2 and "memory: split" in r.stderr
+
+
+def test_prompt_cache_from_another_model_is_refused(tmp_path):
+    cache = tmp_path / "p.state"
+    assert llm("generate", "-p", "Hello", "-n", "1", "--prompt-cache", str(cache)).returncode == 0
+    assert_one_line_error(llm("generate", "-m", str(TINY_GEMMA3), "-p", "Hello", "-n", "1", "--prompt-cache", str(cache)),
+                          "another model")

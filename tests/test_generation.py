@@ -15,26 +15,26 @@ def greedy():
 
 def test_stops_after_n_predict():
     ctx = Context(tiny_gemma3(), ContextParams(n_ctx=64))
-    result = generate(ctx, greedy(), [10, 11, 12], n_predict=5)
+    result = generate(ctx, greedy(), [10, 11, 12], n_predict=5)[0]
     assert result.stop == "length" and len(result.tokens) == 5
     assert ctx.memory.seq_pos_max(0) == 3 + 5 - 2  # the last sampled token is never decoded
 
 
 def test_zero_tokens_requested():
-    result = generate(Context(tiny_gemma3(), ContextParams(n_ctx=64)), greedy(), [10, 11], n_predict=0)
+    result = generate(Context(tiny_gemma3(), ContextParams(n_ctx=64)), greedy(), [10, 11], n_predict=0)[0]
     assert result.tokens == [] and result.stop == "length"
 
 
 def test_stops_at_end_of_generation():
     model = real_model("smollm2-135m")
     prompt = model.vocab.tokenize(chat_prompt(model, "Say hi."), add_special=True, parse_special=True)
-    result = generate(Context(model, ContextParams(n_ctx=512)), greedy(), prompt, n_predict=200)
+    result = generate(Context(model, ContextParams(n_ctx=512)), greedy(), prompt, n_predict=200)[0]
     assert result.stop == "eog" and 0 < len(result.tokens) < 200
 
 
 def test_stops_when_context_is_full():
     ctx = Context(tiny_gemma3(), ContextParams(n_ctx=24))
-    result = generate(ctx, greedy(), list(range(10, 20)), n_predict=-1)
+    result = generate(ctx, greedy(), list(range(10, 20)), n_predict=-1)[0]
     assert result.stop == "context" and ctx.memory.seq_pos_max(0) == 23
 
 
@@ -59,3 +59,35 @@ def test_chat_template_renders_smollm2_format():
 def test_model_without_template_is_refused():
     with pytest.raises(InvalidInputError, match="no chat template"):
         render_chat(real_model("gemma3-270m").chat_template, [{"role": "user", "content": "Hi"}])
+
+
+@pytest.mark.parametrize("kv", ["unified", "split"])
+def test_parallel_completions_share_the_prompt(kv):
+    model = real_model("smollm2-135m")
+    prompt = model.vocab.tokenize("The capital of France is", add_special=True)
+    alone = generate(Context(model, ContextParams(n_ctx=128)), greedy(), prompt, n_predict=8)[0].tokens
+    ctx = Context(model, ContextParams(n_ctx=384, n_seq_max=3, kv=kv))
+    results = generate(ctx, [greedy() for _ in range(3)], prompt, n_predict=8)
+    assert [r.tokens for r in results] == [alone] * 3
+    if kv == "unified":  # the prompt's cells are shared, not copied
+        assert ctx.memory.cells[0].used() == len(prompt) + 3 * 7
+
+
+def test_seeded_parallel_completions_differ():
+    model = real_model("smollm2-135m")
+    prompt = model.vocab.tokenize("Once upon a time", add_special=True)
+    samplers = [Sampler(SamplerParams(seed=100 + i, temp=1.0)) for i in range(3)]
+    results = generate(Context(model, ContextParams(n_ctx=256, n_seq_max=3)), samplers, prompt, n_predict=12)
+    assert len({tuple(r.tokens) for r in results}) > 1
+
+
+def test_prompt_cache_reuses_the_matching_prefix(tmp_path):
+    model = real_model("smollm2-135m")
+    cache = tmp_path / "prompt.state"
+    prompt = model.vocab.tokenize("The quick brown fox jumps over the lazy dog because", add_special=True)
+    first_ctx = Context(model, ContextParams(n_ctx=256))
+    first = generate(first_ctx, greedy(), prompt, n_predict=6, prompt_cache=cache)[0].tokens
+    assert cache.exists() and first_ctx.perf.n_p_eval == len(prompt)
+    again_ctx = Context(model, ContextParams(n_ctx=256))
+    again = generate(again_ctx, greedy(), prompt, n_predict=6, prompt_cache=cache)[0].tokens
+    assert again == first and again_ctx.perf.n_p_eval + again_ctx.perf.n_eval == 1 + 5  # only the last prompt token

@@ -1,0 +1,30 @@
+"""Flags shared by every subcommand that builds a context (the same set everywhere, by design)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from llmsuite.core.context import ContextParams
+from llmsuite.core.memory import CACHE_TYPES, CTX_KINDS, KV_KINDS
+
+Model = Annotated[Optional[str], typer.Option("-m", "--model", help="GGUF path or known model name")]
+CtxSize = Annotated[int, typer.Option("-c", "--ctx-size", help="context size (0: the model's)")]
+BatchSize = Annotated[int, typer.Option("-b", "--batch-size", help="logical batch size")]
+UBatchSize = Annotated[int, typer.Option("-ub", "--ubatch-size", help="physical micro-batch size")]
+Parallel = Annotated[int, typer.Option("-np", "--parallel", help="sequences the context holds")]
+Kv = Annotated[str, typer.Option("--kv", help=f"memory class: {'|'.join(KV_KINDS)}")]
+Ctx = Annotated[str, typer.Option("--ctx", help=f"context kind: {'|'.join(CTX_KINDS)}")]
+SwaFull = Annotated[bool, typer.Option("--swa-full", help="full-size window cache (allows position shifts)")]
+CacheTypeK = Annotated[str, typer.Option("-ctk", "--cache-type-k", help=f"K cache type: {'|'.join(CACHE_TYPES)}")]
+CacheTypeV = Annotated[str, typer.Option("-ctv", "--cache-type-v", help=f"V cache type: {'|'.join(CACHE_TYPES)}")]
+
+
+def context_params(ctx_size: int, batch_size: int, ubatch_size: int, parallel: int, kv: str, ctx: str,
+                   swa_full: bool, cache_type_k: str, cache_type_v: str) -> ContextParams:
+    """The flags as ContextParams, checked before any model is loaded."""
+    params = ContextParams(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size, n_seq_max=parallel,
+                           type_k=cache_type_k, type_v=cache_type_v, swa_full=swa_full, kv=kv, ctx=ctx)
+    params.validate()
+    return params
