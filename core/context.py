@@ -32,16 +32,9 @@ class DecodeStatus(IntEnum):
 
 
 @dataclass
-class ContextParams:
-    n_ctx: int = 0  # 0: the model's training context
+class ContextParams(MemoryParams):
+    """What a context is built with: the memory's parameters plus batching and the backend."""
     n_batch: int = 2048
-    n_ubatch: int = 512
-    n_seq_max: int = 1
-    type_k: str = "f32"
-    type_v: str = "f32"
-    swa_full: bool = False
-    kv: str = "auto"
-    ctx: str = "auto"
     backend: str = "cpu"
 
     def validate(self) -> None:
@@ -52,11 +45,7 @@ class ContextParams:
             raise InvalidInputError("-b and -ub must be positive")
         if self.n_ubatch > self.n_batch:
             raise InvalidInputError(f"the micro-batch (-ub {self.n_ubatch}) cannot exceed the batch (-b {self.n_batch})")
-        self.memory_params().validate_flags()
-
-    def memory_params(self) -> MemoryParams:
-        return MemoryParams(n_ctx=self.n_ctx, n_ubatch=self.n_ubatch, n_seq_max=self.n_seq_max,
-                            type_k=self.type_k, type_v=self.type_v, swa_full=self.swa_full, kv=self.kv, ctx=self.ctx)
+        self.validate_flags()
 
 
 @dataclass
@@ -88,7 +77,7 @@ class Context:
         params.n_ubatch = min(params.n_ubatch, params.n_batch)
         self.model, self.params = model, params
         self.backend = get_backend(params.backend)
-        self.memory = model.create_memory(params.memory_params())
+        self.memory = model.create_memory(params)
         self.kind = "no-kv" if self.memory.kind == "none" else "decoder"
         self.balloc = BatchAllocator(hp.n_vocab, params.n_seq_max)
         self.logits = np.empty((0, hp.n_vocab), dtype=np.float32)

@@ -20,6 +20,8 @@ def test_invalid_batch_returns_minus_one_and_keeps_memory():
     before = ctx.state_bytes()
     assert ctx.decode(Batch.from_tokens([4], pos0=7)) == DecodeStatus.INVALID_BATCH
     assert "continue at 3" in ctx.last_error
+    assert ctx.decode(Batch.from_tokens([4], seq_id=1)) == DecodeStatus.INVALID_BATCH
+    assert "out of range" in ctx.last_error
     assert ctx.state_bytes() == before
 
 

@@ -39,17 +39,23 @@ def greedy(model, prompt, steps=STEPS, **params):
     return tokens, np.array(logits)
 
 
-@pytest.mark.parametrize("cache_type", ["f32", "f16"])
 @pytest.mark.parametrize("name", list(KINDS))
-def test_memory_kinds_agree(name, cache_type):
+def test_memory_kinds_agree(name):
+    """Same greedy tokens for every kind and both cache types; logits within the cache type's
+    tolerance of the unified cache of that type (printed with -s)."""
     model = real_model(name)
     prompt = list(corpus_tokens(name)[:40])
-    types = dict(type_k=cache_type, type_v=cache_type)
-    ref_tokens, ref_logits = greedy(model, prompt, kv="unified", **types)
-    for kind in KINDS[name]:
-        tokens, logits = greedy(model, prompt, **kind, **types)
-        assert tokens == ref_tokens, kind
-        assert np.abs(logits - ref_logits).max() <= TOLERANCE[cache_type], kind
+    f32_tokens, _ = greedy(model, prompt, kv="unified")
+    for cache_type, tolerance in TOLERANCE.items():
+        types = dict(type_k=cache_type, type_v=cache_type)
+        ref_tokens, ref_logits = greedy(model, prompt, kv="unified", **types)
+        assert ref_tokens == f32_tokens, cache_type
+        for kind in KINDS[name]:
+            tokens, logits = greedy(model, prompt, **kind, **types)
+            diff = np.abs(logits - ref_logits).max()
+            print(f"{name} {cache_type} {kind}: max |dlogit| vs unified {diff:.2e}")
+            assert tokens == ref_tokens, kind
+            assert diff <= tolerance, kind
 
 
 def test_window_cache_over_a_long_prompt():
@@ -78,6 +84,7 @@ def test_q8_0_cache_stays_within_llama_cpp_tolerance(name):
     assert ctx.decode(Batch.from_tokens(fixture["ids"], all_outputs=True)) == DecodeStatus.OK
     diffs = np.concatenate([np.abs(ctx.logits[pos, [t[0] for t in top]] - [t[1] for t in top])
                             for pos, top in enumerate(fixture["top"])])
+    print(f"{name} q8_0 cache vs llama.cpp: mean {diffs.mean():.3f} max {diffs.max():.3f}")
     assert diffs.mean() <= 0.3 and diffs.max() <= 1.5
 
 

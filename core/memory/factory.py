@@ -19,8 +19,8 @@ MAX_SEQ = 256
 
 @dataclass
 class MemoryParams:
-    n_ctx: int
-    n_ubatch: int
+    n_ctx: int = 0
+    n_ubatch: int = 512
     n_seq_max: int = 1
     type_k: str = "f32"
     type_v: str = "f32"
