@@ -33,6 +33,7 @@ def generate(
     swa_full: opt.SwaFull = False,
     cache_type_k: opt.CacheTypeK = "f32",
     cache_type_v: opt.CacheTypeV = "f32",
+    backend: opt.Backend = "cpu",
     seed: Annotated[int, typer.Option("-s", "--seed", help="sampling seed (default: random)")] = DEFAULT_SEED,
     temp: Annotated[float, typer.Option("--temp", help="temperature (0: greedy)")] = 0.8,
     top_k: Annotated[int, typer.Option("--top-k")] = 40,
@@ -51,7 +52,7 @@ def generate(
     if system is not None and not chat:
         raise InvalidInputError("--system only applies with --chat")
     params = opt.context_params(ctx_size, batch_size, ubatch_size, parallel, kv, ctx_kind, swa_full,
-                                cache_type_k, cache_type_v)
+                                cache_type_k, cache_type_v, backend)
     lm, t_load = open_model(model)
     ctx = Context(lm, params)
     if chat:

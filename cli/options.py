@@ -6,6 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from llmsuite.core.backend import get_backend
 from llmsuite.core.context import ContextParams
 from llmsuite.core.memory import CACHE_TYPES, CTX_KINDS, KV_KINDS
 
@@ -19,12 +20,15 @@ Ctx = Annotated[str, typer.Option("--ctx", help=f"context kind: {'|'.join(CTX_KI
 SwaFull = Annotated[bool, typer.Option("--swa-full", help="full-size window cache (allows position shifts)")]
 CacheTypeK = Annotated[str, typer.Option("-ctk", "--cache-type-k", help=f"K cache type: {'|'.join(CACHE_TYPES)}")]
 CacheTypeV = Annotated[str, typer.Option("-ctv", "--cache-type-v", help=f"V cache type: {'|'.join(CACHE_TYPES)}")]
+Backend = Annotated[str, typer.Option("--backend", help="compute backend: cpu (cuda with CuPy)")]
 
 
 def context_params(ctx_size: int, batch_size: int, ubatch_size: int, parallel: int, kv: str, ctx: str,
-                   swa_full: bool, cache_type_k: str, cache_type_v: str) -> ContextParams:
+                   swa_full: bool, cache_type_k: str, cache_type_v: str, backend: str = "cpu") -> ContextParams:
     """The flags as ContextParams, checked before any model is loaded."""
     params = ContextParams(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size, n_seq_max=parallel,
-                           type_k=cache_type_k, type_v=cache_type_v, swa_full=swa_full, kv=kv, ctx=ctx)
+                           type_k=cache_type_k, type_v=cache_type_v, swa_full=swa_full, kv=kv, ctx=ctx,
+                           backend=backend)
     params.validate()
+    get_backend(backend)  # an unavailable backend is refused before the model loads
     return params

@@ -80,6 +80,7 @@ class Context:
         self.memory = model.create_memory(params)
         self.kind = "no-kv" if self.memory.kind == "none" else "decoder"
         self.balloc = BatchAllocator(hp.n_vocab, params.n_seq_max)
+        self._logits_store: np.ndarray | None = None
         self.logits = np.empty((0, hp.n_vocab), dtype=np.float32)
         self.output_ids = np.empty(0, dtype=np.int64)  # batch index → logits row (-1: no output)
         self.perf = PerfCounters()
@@ -107,12 +108,20 @@ class Context:
         mctx = self.memory.init_batch(self.balloc, self.params.n_ubatch)
         if mctx.status != MemoryStatus.SUCCESS:
             return self._fail(DecodeStatus.NO_SLOT, f"no room in the context ({self.n_ctx} cells) for the batch")
-        rows, row_batch_idx = [], []
+        out_pos = np.full(len(batch), -1, dtype=np.int64)  # batch index → logits row, in batch order
+        n_outputs = int(self.balloc.output.sum())
+        out_pos[self.balloc.output] = np.arange(n_outputs)
+        logits = self._logits_buffer(n_outputs)
         while True:
             ub = mctx.ubatch
             try:
                 mctx.apply()
-                out = self.model.forward(Graph(self.model, mctx, self.backend, self.observer))
+                rows = out_pos[ub.batch_idx[ub.output]]
+                contiguous = len(rows) > 0 and bool(np.all(np.diff(rows) == 1))
+                target = logits[rows[0]:rows[-1] + 1] if contiguous else None
+                out = self.model.forward(Graph(self.model, mctx, self.backend, self.observer, target))
+                if not contiguous:
+                    logits[rows] = out
             except KeyboardInterrupt:
                 self._roll_back(ub)
                 return self._fail(DecodeStatus.ABORTED, "interrupted")
@@ -122,21 +131,18 @@ class Context:
             except Exception:
                 self._roll_back(ub)  # a bug: keep memory consistent, then surface it
                 raise
-            rows.append(out)
-            row_batch_idx.append(ub.batch_idx[ub.output])
             if not mctx.next():
                 break
-        self._store_outputs(len(batch), rows, row_batch_idx)
+        self.logits, self.output_ids = logits, out_pos
         self.perf.add(len(batch), time.perf_counter() - t0)
         return DecodeStatus.OK
 
-    def _store_outputs(self, n_batch: int, rows: list[np.ndarray], row_batch_idx: list[np.ndarray]) -> None:
-        """Logits in batch order, whatever order the ubatches ran in."""
-        batch_idx = np.concatenate(row_batch_idx)
-        order = np.argsort(batch_idx, kind="stable")
-        self.logits = np.concatenate(rows)[order] if len(rows) > 1 else rows[0][order]
-        self.output_ids = np.full(n_batch, -1, dtype=np.int64)
-        self.output_ids[batch_idx[order]] = np.arange(len(order))
+    def _logits_buffer(self, n_rows: int) -> np.ndarray:
+        """Rows for this decode's logits, reusing one buffer (logits stay valid until the next decode)."""
+        n_vocab = self.model.hparams.n_vocab
+        if self._logits_store is None or len(self._logits_store) < n_rows:
+            self._logits_store = np.empty((n_rows, n_vocab), dtype=np.float32)
+        return self._logits_store[:n_rows]
 
     def shift_keys(self, il: int, keys: np.ndarray, delta: np.ndarray) -> np.ndarray:
         """Rotate cached keys of layer il by a position delta (RoPE composes: R(p+d) = R(d)R(p))."""
@@ -154,7 +160,7 @@ class Context:
         return status
 
     def get_logits(self, i: int = -1) -> np.ndarray:
-        """Logits of batch index i of the last decode (-1: the last output)."""
+        """Logits of batch index i of the last decode (-1: the last output); valid until the next decode."""
         if i < 0:
             if len(self.logits) == 0:
                 raise InvalidInputError("the last batch produced no logits")

@@ -7,9 +7,10 @@ import numpy as np
 
 
 class Graph:
-    def __init__(self, model, mctx, backend, observer=None):
+    def __init__(self, model, mctx, backend, observer=None, logits_out: np.ndarray | None = None):
         self.hp = model.hparams
         self.observer = observer
+        self.logits_out = logits_out  # where the output rows' logits go, if the caller has a buffer
         self.mctx = mctx
         self.ub = mctx.ubatch
         self.ops = backend
@@ -70,4 +71,4 @@ class Graph:
         return tuple(x[self.out_rows] for x in xs)
 
     def logits(self, x: np.ndarray, norm_weight: np.ndarray, head: np.ndarray) -> np.ndarray:
-        return self.ops.matmul(self.cb("result_norm", -1, self.norm(x, norm_weight)), head)
+        return self.ops.matmul(self.cb("result_norm", -1, self.norm(x, norm_weight)), head, out=self.logits_out)

@@ -21,9 +21,9 @@ class CPUBackend:
     # ---- dense algebra -------------------------------------------------------------------
 
     @staticmethod
-    def matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        """x @ w.T for a weight stored (n_out, n_in)."""
-        return x @ w.T
+    def matmul(x: np.ndarray, w: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """x @ w.T for a weight stored (n_out, n_in); into `out` when given."""
+        return np.matmul(x, w.T, out=out)
 
     @staticmethod
     def get_rows(table: np.ndarray, ids: np.ndarray) -> np.ndarray:

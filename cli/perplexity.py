@@ -1,0 +1,260 @@
+"""`llm perplexity`: llama-perplexity's numbers and output, and its KL-divergence mode."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import numpy as np
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from llmsuite.core.context import Context
+from llmsuite.core.errors import InvalidInputError
+from llmsuite.core.perplexity import (ChunkPlan, KLStats, kl_divergence, median, percentile, perplexity as run_ppl,
+                                      plan_chunks, read_kl_base, vocab_fingerprint)
+
+from . import options as opt
+from .common import err_console, log, open_model, read_text_file
+
+DEFAULT_CTX = 512
+
+
+def perplexity(
+    model: opt.Model = None,
+    file: Annotated[Optional[Path], typer.Option("-f", "--file", help="text to score")] = None,
+    ctx_size: Annotated[Optional[int], typer.Option("-c", "--ctx-size", help="tokens per chunk (default 512)")] = None,
+    chunks: Annotated[int, typer.Option("--chunks", help="chunks to score (-1: all)")] = -1,
+    batch_size: opt.BatchSize = 2048,
+    ubatch_size: opt.UBatchSize = 512,
+    kv: opt.Kv = "auto",
+    ctx_kind: opt.Ctx = "auto",
+    swa_full: opt.SwaFull = False,
+    cache_type_k: opt.CacheTypeK = "f32",
+    cache_type_v: opt.CacheTypeV = "f32",
+    backend: opt.Backend = "cpu",
+    kl_base: Annotated[Optional[Path], typer.Option("--kl-divergence-base", help="file of base log-probabilities")] = None,
+    kl: Annotated[bool, typer.Option("--kl-divergence", help="compare with --kl-divergence-base")] = False,
+    output: Annotated[str, typer.Option("-o", "--output", help="text or json")] = "text",
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="progress bar on stderr")] = True,
+) -> None:
+    """Perplexity of a text file, chunk by chunk (llama-perplexity)."""
+    if output not in ("text", "json"):
+        raise InvalidInputError(f"unknown output format '{output}' (text or json)")
+    if kl and kl_base is None:
+        raise InvalidInputError("--kl-divergence needs --kl-divergence-base FILE with the base log-probabilities")
+    base = read_kl_base(kl_base) if kl else None
+    if base is not None:
+        if ctx_size is not None and ctx_size != base.n_ctx:
+            raise InvalidInputError(f"{kl_base} was computed with -c {base.n_ctx}; drop -c or pass -c {base.n_ctx}")
+        ctx_size = base.n_ctx
+    elif file is None:
+        raise InvalidInputError("give the text to score with -f FILE")
+    if ctx_size is None:
+        ctx_size = DEFAULT_CTX
+    if ctx_size <= 0:
+        raise InvalidInputError("perplexity needs a context size -c > 0")
+    text = read_text_file(file) if base is None else None
+    if text is not None and not text.strip():
+        raise InvalidInputError(f"{file} is empty")
+    opt.context_params(ctx_size, batch_size, min(ubatch_size, batch_size), 1, kv, ctx_kind, swa_full,
+                       cache_type_k, cache_type_v, backend)
+    lm, _ = open_model(model)
+    if base is not None:
+        if base.n_vocab != lm.hparams.n_vocab or base.vocab_fp != vocab_fingerprint(lm.vocab):
+            raise InvalidInputError(f"{kl_base} was computed with another vocabulary ({base.model_name}); "
+                                    "KL-divergence needs the same tokens")
+        if base.model_fp != lm.fingerprint:
+            log(f"note: the base was computed with {base.model_name}, a different model file")
+        tokens = base.tokens.tolist()
+    else:
+        log("perplexity: tokenizing the input ..")
+        tokens = lm.vocab.tokenize(text, add_special=True, parse_special=False)
+    plan = plan_chunks(len(tokens), ctx_size, batch_size, base.n_chunk if base is not None else chunks)
+    if ctx_size > lm.hparams.n_ctx_train:
+        err_console.print(f"warning: the model was trained on only {lm.hparams.n_ctx_train} context tokens "
+                          f"({ctx_size} specified)", markup=False)
+    _check_memory(plan, lm.hparams.n_vocab)
+    ctx = Context(lm, opt.context_params(plan.n_seq * plan.n_ctx, plan.n_batch, min(ubatch_size, plan.n_batch),
+                                         plan.n_seq, kv, ctx_kind, swa_full, cache_type_k, cache_type_v, backend))
+    log(f"perplexity: calculating perplexity over {plan.n_chunk} chunks, n_ctx={plan.n_ctx}, "
+        f"batch_size={plan.n_batch}, n_seq={plan.n_seq}")
+    settings = dict(model=lm.name, file=str(file) if file else None, n_ctx=plan.n_ctx, n_chunk=plan.n_chunk,
+                    n_batch=plan.n_batch, n_ubatch=ctx.params.n_ubatch, n_seq=plan.n_seq, kv=ctx.memory.kind,
+                    type_k=cache_type_k, type_v=cache_type_v, backend=backend)
+    with _progress(progress, plan) as bar:
+        if base is not None:
+            _run_kl(ctx, base, plan, output, bar, settings)
+        else:
+            _run_ppl(ctx, tokens, plan, output, bar, settings, kl_base)
+
+
+def _check_memory(plan: ChunkPlan, n_vocab: int) -> None:
+    """Refuse a run whose logits alone would not fit in the memory this machine has free."""
+    need = plan.n_seq * (plan.n_ctx - plan.first) * n_vocab * 4 * 2
+    try:
+        with open("/proc/meminfo") as f:
+            free = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return
+    if need > free:
+        raise InvalidInputError(f"-c {plan.n_ctx} with {plan.n_seq} parallel chunks needs about {need / 2**30:.1f} GiB "
+                                f"for logits, but only {free / 2**30:.1f} GiB is available; lower -c or -b")
+
+
+class _Bar:
+    def __init__(self, progress: Progress | None, plan: ChunkPlan):
+        self.progress, self.plan, self.t0 = progress, plan, time.perf_counter()
+        self.task = progress.add_task("perplexity", total=plan.n_chunk) if progress else None
+
+    def advance(self, done: int) -> None:
+        if self.progress:
+            rate = done * self.plan.n_ctx / (time.perf_counter() - self.t0)
+            self.progress.update(self.task, completed=done, description=f"perplexity {rate:7.1f} t/s")
+
+
+class _progress:
+    def __init__(self, enabled: bool, plan: ChunkPlan):
+        self.enabled = enabled and err_console.is_terminal
+        self.plan = plan
+
+    def __enter__(self) -> _Bar:
+        self.display = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeRemainingColumn(), console=err_console, transient=True) if self.enabled else None
+        if self.display:
+            self.display.__enter__()
+        return _Bar(self.display, self.plan)
+
+    def __exit__(self, *exc):
+        if self.display:
+            self.display.__exit__(*exc)
+
+
+def _run_ppl(ctx: Context, tokens, plan: ChunkPlan, output: str, bar: _Bar, settings: dict, kl_base: Path | None):
+    def on_chunk(index: int, value: float) -> None:
+        if output == "text":
+            sys.stdout.write(f"[{index + 1}]{value:.4f},")
+            sys.stdout.flush()
+        bar.advance(index + 1)
+
+    if kl_base is not None:
+        partial = kl_base.with_name(kl_base.name + ".partial")
+        with open(partial, "wb") as f:
+            result = run_ppl(ctx, tokens, plan, on_chunk, kl_base=f)
+        partial.replace(kl_base)
+    else:
+        result = run_ppl(ctx, tokens, plan, on_chunk)
+    rate = plan.n_chunk * plan.n_ctx / result.seconds
+    if output == "json":
+        doc = dict(settings=settings, chunks=[round(v, 6) for v in result.running_ppl], final=result.ppl,
+                   final_error=result.ppl_error, scored_tokens=result.count, seconds=result.seconds,
+                   tokens_per_second=rate, kl_divergence_base=str(kl_base) if kl_base else None)
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return
+    sys.stdout.write("\n")
+    if math.isnan(result.ppl_error):
+        err_console.print("Unexpected negative standard deviation of log(prob)", markup=False)
+    else:
+        sys.stdout.write(f"Final estimate: PPL = {result.ppl:.4f} +/- {result.ppl_error:.5f}\n")
+    log(f"perplexity: {result.seconds:.2f} seconds, {rate:.1f} tokens per second")
+
+
+def _run_kl(ctx: Context, base, plan: ChunkPlan, output: str, bar: _Bar, settings: dict) -> None:
+    if output == "text":
+        sys.stdout.write("chunk             PPL               ln(PPL(Q)/PPL(base))          KL Divergence"
+                         "              Δp RMS            Same top p\n")
+    rows = []
+
+    def on_chunk(index: int, stats: KLStats) -> None:
+        row = _chunk_row(stats)
+        rows.append(row)
+        if output == "text":
+            sys.stdout.write(f"{index + 1:4d}    {row['ppl']:9.4f} ± {row['ppl_unc']:9.4f}"
+                             f"    {row['ln_ratio']:10.5f} ± {row['ln_ratio_unc']:10.5f}"
+                             f"    {row['kld']:10.5f} ± {row['kld_unc']:10.5f}"
+                             f"    {100 * row['dp_rms']:6.3f} ± {100 * row['dp_rms_unc']:6.3f} %"
+                             f"    {100 * row['same_top']:6.3f} ± {100 * row['same_top_unc']:6.3f} %\n")
+            sys.stdout.flush()
+        bar.advance(index + 1)
+
+    stats = kl_divergence(ctx, base, plan, on_chunk)
+    summary = _summary(stats)
+    if output == "json":
+        sys.stdout.write(json.dumps(dict(settings=settings, chunks=rows, summary=summary), indent=2) + "\n")
+    elif stats.count >= 100:
+        sys.stdout.write("\n" + _summary_text(summary))
+
+
+def _chunk_row(s: KLStats) -> dict:
+    """The running values llama.cpp prints after each chunk."""
+    log_ppl, log_ppl_unc = s.mean_and_uncertainty(s.sum_nll, s.sum_nll2)
+    base, base_unc = s.mean_and_uncertainty(s.sum_nll_base, s.sum_nll_base2)
+    cov = s.covariance()
+    kld, kld_unc = s.mean_and_uncertainty(s.sum_kld, s.sum_kld2)
+    mse, mse_unc = s.mean_and_uncertainty(s.sum_p_diff2, s.sum_p_diff4)
+    rms = math.sqrt(mse)
+    top = s.n_same_top / s.count
+    return dict(ppl=math.exp(log_ppl), ppl_unc=math.exp(log_ppl) * log_ppl_unc, ln_ratio=log_ppl - base,
+                ln_ratio_unc=math.sqrt(max(log_ppl_unc ** 2 + base_unc ** 2 - 2 * cov, 0.0)),
+                kld=kld, kld_unc=kld_unc, dp_rms=rms, dp_rms_unc=0.5 / rms * mse_unc if rms else 0.0,
+                same_top=top, same_top_unc=math.sqrt(top * (1 - top) / (s.count - 1)) if s.count > 1 else 0.0)
+
+
+def _summary(s: KLStats) -> dict:
+    log_ppl, log_ppl_unc = s.mean_and_uncertainty(s.sum_nll, s.sum_nll2)
+    base, base_unc = s.mean_and_uncertainty(s.sum_nll_base, s.sum_nll_base2)
+    cov = s.covariance()
+    ppl, ppl_base = math.exp(log_ppl), math.exp(base)
+    ratio_unc = math.sqrt(max(log_ppl_unc ** 2 + base_unc ** 2 - 2 * cov, 0.0))
+    kld = np.sort(np.concatenate(s.kld_values))
+    dp = np.sort(np.concatenate(s.p_diff_values))
+    fractions = {"99.9%": 0.999, "99.0%": 0.99, "95.0%": 0.95, "90.0%": 0.90, "75.0%": 0.75, "25.0%": 0.25,
+                 "10.0%": 0.10, " 5.0%": 0.05, " 1.0%": 0.01, " 0.1%": 0.001}
+    row = _chunk_row(s)
+    dp_mean, dp_unc = s.mean_and_uncertainty(s.sum_p_diff, s.sum_p_diff2)
+    return dict(
+        count=s.count, ppl=ppl, ppl_unc=ppl * log_ppl_unc, ppl_base=ppl_base, ppl_base_unc=ppl_base * base_unc,
+        cor=cov / (log_ppl_unc * base_unc) if log_ppl_unc and base_unc else 0.0,
+        ln_ratio=log_ppl - base, ln_ratio_unc=ratio_unc,
+        ratio=math.exp(log_ppl - base), ratio_unc=math.exp(log_ppl - base) * ratio_unc,
+        diff=ppl - ppl_base, diff_unc=math.sqrt(max((ppl * log_ppl_unc) ** 2 + (ppl_base * base_unc) ** 2
+                                                    - 2 * ppl * ppl_base * cov, 0.0)),
+        kld=row["kld"], kld_unc=row["kld_unc"], kld_max=float(kld[-1]), kld_median=median(kld), kld_min=float(kld[0]),
+        kld_percentiles={k: percentile(kld, f) for k, f in fractions.items() if k not in ("75.0%", "25.0%")},
+        dp_mean=dp_mean, dp_unc=dp_unc, dp_max=float(dp[-1]), dp_median=median(dp), dp_min=float(dp[0]),
+        dp_percentiles={k: percentile(dp, f) for k, f in fractions.items()},
+        dp_rms=row["dp_rms"], dp_rms_unc=row["dp_rms_unc"], same_top=row["same_top"], same_top_unc=row["same_top_unc"])
+
+
+def _summary_text(m: dict) -> str:
+    lines = ["====== Perplexity statistics ======",
+             f"Mean PPL(Q)                   : {m['ppl']:10.6f} ± {m['ppl_unc']:10.6f}",
+             f"Mean PPL(base)                : {m['ppl_base']:10.6f} ± {m['ppl_base_unc']:10.6f}",
+             f"Cor(ln(PPL(Q)), ln(PPL(base))): {100 * m['cor']:6.2f}%",
+             f"Mean ln(PPL(Q)/PPL(base))     : {m['ln_ratio']:10.6f} ± {m['ln_ratio_unc']:10.6f}",
+             f"Mean PPL(Q)/PPL(base)         : {m['ratio']:10.6f} ± {m['ratio_unc']:10.6f}",
+             f"Mean PPL(Q)-PPL(base)         : {m['diff']:10.6f} ± {m['diff_unc']:10.6f}",
+             "",
+             "====== KL divergence statistics ======",
+             f"Mean    KLD: {m['kld']:10.6f} ± {m['kld_unc']:10.6f}",
+             f"Maximum KLD: {m['kld_max']:10.6f}"]
+    pct = m["kld_percentiles"]
+    lines += [f"{k}   KLD: {pct[k]:10.6f}" for k in ("99.9%", "99.0%", "95.0%", "90.0%")]
+    lines.append(f"Median  KLD: {m['kld_median']:10.6f}")
+    lines += [f"{k}   KLD: {pct[k]:10.6f}" for k in ("10.0%", " 5.0%", " 1.0%", " 0.1%")]
+    lines += [f"Minimum KLD: {m['kld_min']:10.6f}", "",
+              "====== Token probability statistics ======",
+              f"Mean    Δp: {100 * m['dp_mean']:6.3f} ± {100 * m['dp_unc']:5.3f} %",
+              f"Maximum Δp: {100 * m['dp_max']:6.3f}%"]
+    pct = m["dp_percentiles"]
+    lines += [f"{k}   Δp: {100 * pct[k]:6.3f}%" for k in ("99.9%", "99.0%", "95.0%", "90.0%", "75.0%")]
+    lines.append(f"Median  Δp: {100 * m['dp_median']:6.3f}%")
+    lines += [f"{k}   Δp: {100 * pct[k]:6.3f}%" for k in ("25.0%", "10.0%", " 5.0%", " 1.0%", " 0.1%")]
+    lines += [f"Minimum Δp: {100 * m['dp_min']:6.3f}%",
+              f"RMS Δp    : {100 * m['dp_rms']:6.3f} ± {100 * m['dp_rms_unc']:5.3f} %",
+              f"Same top p: {100 * m['same_top']:6.3f} ± {100 * m['same_top_unc']:5.3f} %"]
+    return "\n".join(lines) + "\n"
