@@ -51,10 +51,10 @@ class Graph:
         groups = view.groups(il)
         if len(groups) == 1:
             g = groups[0]
-            return self.ops.flash_attn_ext(q, g.keys, g.values, g.mask, scale).reshape(len(q), -1)
+            return self.ops.flash_attn_ext(q, g.keys, g.values, g.mask, scale, n_kv_max=g.n_kv_max).reshape(len(q), -1)
         out = np.empty((len(q), q.shape[1], v.shape[2]), dtype=np.float32)
         for g in groups:  # one per cache stream
-            out[g.rows] = self.ops.flash_attn_ext(q[g.rows], g.keys, g.values, g.mask, scale)
+            out[g.rows] = self.ops.flash_attn_ext(q[g.rows], g.keys, g.values, g.mask, scale, n_kv_max=g.n_kv_max)
         return out.reshape(len(q), -1)
 
     def ffn(self, x: np.ndarray, gate_up: np.ndarray, down: np.ndarray, act: str) -> np.ndarray:

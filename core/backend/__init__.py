@@ -1,12 +1,44 @@
-"""Backends: an array module plus the ops the models call. `cpu` is NumPy; `cuda` comes with CuPy."""
+"""Backends: an array module plus the ops the models call. `cpu` is NumPy; `cuda` needs CuPy and a GPU."""
 
 from ..errors import InvalidInputError
 from .cpu import CPUBackend
 
-BACKENDS = ("cpu",)
+BACKENDS = ("cpu", "cuda")
+__all__ = ["BACKENDS", "CPUBackend", "BackendUnavailable", "available_backends", "cuda_unavailable_reason", "get_backend"]
 
 
-def get_backend(name: str = "cpu"):
+class BackendUnavailable(InvalidInputError):
+    """A known backend that cannot run here (no CuPy, no driver, no device)."""
+
+
+def cuda_unavailable_reason() -> str | None:
+    """Why the CUDA backend cannot run here, or None when it can."""
+    try:
+        import cupy
+    except ImportError:
+        return "CuPy is not installed (pip install 'llmsuite[cuda]')"
+    except Exception as e:  # a broken CUDA install fails inside the import
+        return f"CuPy failed to import ({type(e).__name__}: {e})"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "no CUDA device is visible"
+    except Exception as e:
+        return f"no usable CUDA driver or device ({type(e).__name__}: {e})"
+    return None
+
+
+def available_backends() -> list[str]:
+    return ["cpu"] + (["cuda"] if cuda_unavailable_reason() is None else [])
+
+
+def get_backend(name: str = "cpu", attn_path: str = "auto"):
     if name == "cpu":
-        return CPUBackend()
-    raise InvalidInputError(f"unknown backend '{name}' (available: {', '.join(BACKENDS)})")
+        return CPUBackend(attn_path)
+    if name == "cuda":
+        reason = cuda_unavailable_reason()
+        if reason:
+            raise BackendUnavailable(f"backend unavailable: cuda: {reason}")
+        from .cuda import CUDABackend
+
+        return CUDABackend(attn_path)
+    raise InvalidInputError(f"unknown backend '{name}' (known: {', '.join(BACKENDS)})")

@@ -33,6 +33,7 @@ class AttnGroup:
     keys: np.ndarray  # (n_kv, n_head_kv, head_dim_k)
     values: np.ndarray  # (n_kv, n_head_kv, head_dim_v)
     mask: np.ndarray  # (n_rows, n_kv): 0 keep, -inf drop
+    n_kv_max: int = 0  # bound on the finite entries of any mask row (0: no promise)
 
 
 class MemoryContext(ABC):

@@ -382,7 +382,7 @@ class KVCacheContext(MemoryContext):
         for st, rows, n_kv, mask in self._stream_masks(windowed):
             k = self.cache.k[il].read(st, n_kv).reshape(n_kv, shape.n_head_kv, shape.head_dim_k)
             v = self.cache.v[il].read(st, n_kv).reshape(n_kv, shape.n_head_kv, shape.head_dim_v)
-            out.append(AttnGroup(rows, k, v, mask))
+            out.append(AttnGroup(rows, k, v, mask, self.cache.n_swa if windowed else 0))
         return out
 
     def _stream_masks(self, windowed: bool):

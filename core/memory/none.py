@@ -148,4 +148,4 @@ class NoKVContext(MemoryContext):
                 allowed &= (ub.pos[:, None] - ub.pos[None, :]) < self.memory.n_swa
             self._masks[windowed] = np.where(allowed, np.float32(0.0), np.float32(-np.inf))
         k, v = self.kv[il]
-        return [AttnGroup(slice(None), k, v, self._masks[windowed])]
+        return [AttnGroup(slice(None), k, v, self._masks[windowed], self.memory.n_swa if windowed else 0)]

@@ -1,0 +1,498 @@
+"""Op contracts: what each op the models use computes, its test cases, and a naive reference.
+
+Each `Op` says which inputs it takes (NumPy order; the ggml layout is noted where it differs),
+builds them for a case, computes the answer plainly in float64 (`reference`), and calls a
+backend (`run`). `llm test-ops` compares every backend with the reference by normalized mean
+squared error, with test-backend-ops' thresholds.
+
+Layout mapping: a ggml tensor of ne = [a, b, c] is a NumPy array of shape (c, b, a). Attention
+uses the engine's token-major layout: q (n_tokens, n_head, d), k/v (n_kv, n_head_kv, d).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from itertools import product
+from typing import Callable
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, quants
+
+DEFAULT_NMSE = 1e-7
+
+
+@dataclass
+class Case:
+    op: "Op"
+    params: dict
+    perf_only: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.op.name}({','.join(f'{k}={_fmt(v)}' for k, v in self.params.items())})"
+
+
+def _fmt(value) -> str:
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, float):
+        return f"{value:f}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_fmt(v) for v in value) + "]"
+    return str(value)
+
+
+@dataclass
+class Op:
+    name: str
+    make: Callable[[dict, np.random.Generator], dict]  # case params -> inputs
+    reference: Callable[..., np.ndarray]  # (inputs, params) -> float64 answer
+    run: Callable[..., np.ndarray]  # (backend, inputs, params) -> answer
+    cases: Callable[[bool], list[dict]]  # quick -> case params
+    perf_cases: Callable[[], list[dict]] = lambda: []
+    nmse: Callable[[dict], float] = lambda p: DEFAULT_NMSE
+    flops: Callable[[dict], float] = lambda p: 0.0
+    compare_as: Callable[[np.ndarray, dict], np.ndarray] | None = None  # e.g. TOP_K compares values
+
+    def all_cases(self, quick: bool, perf: bool = False) -> list[Case]:
+        if perf:
+            return [Case(self, p, perf_only=True) for p in self.perf_cases()]
+        return [Case(self, p) for p in self.cases(quick)]
+
+
+OPS: dict[str, Op] = {}
+
+
+def register(op: Op) -> Op:
+    OPS[op.name] = op
+    return op
+
+
+def _f32(rng, *shape, lo=-1.0, hi=1.0) -> np.ndarray:
+    return rng.uniform(lo, hi, shape).astype(np.float32)
+
+
+# ---- weights of any GGUF type ---------------------------------------------------------------
+
+WEIGHT_TYPES = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K"]
+
+
+def ggml_type(name: str) -> T:
+    return T[name.upper()]
+
+
+def random_weight(rng, type_name: str, rows: int, cols: int) -> np.ndarray:
+    """A (rows, cols) weight as raw GGUF data: quantized from uniform floats where gguf can,
+    else random blocks with sane scales (K-quants have no Python quantizer)."""
+    qtype = ggml_type(type_name)
+    values = _f32(rng, rows, cols)
+    if qtype == T.F32:
+        return values
+    if qtype == T.F16:
+        return values.astype(np.float16)
+    try:
+        return quants.quantize(values, qtype)
+    except NotImplementedError:
+        block, type_size = GGML_QUANT_SIZES[qtype]
+        raw = rng.integers(0, 256, (rows * cols // block, type_size), dtype=np.uint8)
+        for at in {T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208]}[qtype]:
+            raw[:, at:at + 2] = (rng.uniform(0.001, 0.01, len(raw)).astype(np.float16)).view(np.uint8).reshape(-1, 2)
+        return raw.reshape(rows, -1)
+
+
+def dequantized(raw: np.ndarray, type_name: str, shape) -> np.ndarray:
+    """The reference view of a weight: gguf-py's own dequantization, in float64."""
+    qtype = ggml_type(type_name)
+    if qtype in (T.F32, T.F16):
+        return raw.astype(np.float64).reshape(shape)
+    return quants.dequantize(raw.reshape(-1).view(np.uint8).reshape(-1, GGML_QUANT_SIZES[qtype][1]),
+                             qtype).astype(np.float64).reshape(shape)
+
+
+# ---- MUL_MAT -------------------------------------------------------------------------------
+
+register(Op(
+    "MUL_MAT",
+    make=lambda p, rng: dict(w=random_weight(rng, p["type_a"], p["m"], p["k"]), x=_f32(rng, p["n"], p["k"])),
+    reference=lambda i, p: i["x"].astype(np.float64) @ dequantized(i["w"], p["type_a"], (p["m"], p["k"])).T,
+    run=lambda b, i, p: b.mul_mat(i["w"], ggml_type(p["type_a"]), (p["m"], p["k"]), i["x"]),
+    cases=lambda quick: [dict(type_a=t, type_b="f32", m=m, n=n, k=256) for t in WEIGHT_TYPES
+                         for m, n in ((16, 1), (16, 9), (48, 32))],
+    perf_cases=lambda: [dict(type_a=t, type_b="f32", m=4096, n=n, k=4096) for t in ("f32", "q4_0", "q8_0")
+                        for n in (1, 512)],
+    nmse=lambda p: 5e-4,
+    flops=lambda p: 2.0 * p["m"] * p["n"] * p["k"],
+))
+
+# ---- GET_ROWS / SET_ROWS -------------------------------------------------------------------
+
+register(Op(
+    "GET_ROWS",
+    make=lambda p, rng: dict(table=random_weight(rng, p["type"], p["rows"], p["cols"]),
+                             ids=rng.integers(0, p["rows"], p["n"]).astype(np.int32)),
+    reference=lambda i, p: dequantized(i["table"], p["type"], (p["rows"], p["cols"]))[i["ids"]],
+    run=lambda b, i, p: b.get_rows_raw(i["table"], ggml_type(p["type"]), (p["rows"], p["cols"]), i["ids"]),
+    cases=lambda quick: [dict(type=t, rows=64, cols=256, n=n) for t in ("f32", "f16", "q4_0", "q8_0", "q6_K")
+                         for n in (1, 7)],
+))
+
+CACHE_ROW_TYPES = {"f32": None, "f16": None, "q8_0": T.Q8_0, "q4_0": T.Q4_0}
+
+
+def _set_rows_make(p, rng):
+    dst = np.zeros((p["rows"], p["cols"]), np.float32)
+    if p["type"] == "f16":
+        dst = dst.astype(np.float16)
+    elif CACHE_ROW_TYPES[p["type"]] is not None:
+        dst = np.zeros((p["rows"], p["cols"] // 32 * GGML_QUANT_SIZES[CACHE_ROW_TYPES[p["type"]]][1]), np.uint8)
+    return dict(dst=dst, src=_f32(rng, p["n"], p["cols"]),
+                ids=rng.choice(p["rows"], p["n"], replace=False).astype(np.int64))
+
+
+def _set_rows_reference(i, p):
+    qtype = CACHE_ROW_TYPES[p["type"]]
+    src = i["src"].astype(np.float64)
+    if p["type"] == "f16":
+        src = i["src"].astype(np.float16).astype(np.float64)
+    elif qtype is not None:  # what the row type can hold: gguf-py's quantize then dequantize
+        src = quants.dequantize(quants.quantize(i["src"], qtype), qtype).astype(np.float64)
+    out = np.zeros((p["rows"], p["cols"]))
+    out[i["ids"]] = src
+    return out
+
+
+def _set_rows_run(b, i, p):
+    qtype = CACHE_ROW_TYPES[p["type"]]
+    out = b.to_numpy(b.set_rows(i["dst"], i["ids"], i["src"], qtype))
+    if qtype is None:
+        return out.astype(np.float32)
+    return quants.dequantize(out, qtype).reshape(p["rows"], p["cols"])
+
+
+register(Op(
+    "SET_ROWS",
+    make=_set_rows_make, reference=_set_rows_reference, run=_set_rows_run,
+    cases=lambda quick: [dict(type=t, rows=32, cols=128, n=n) for t in CACHE_ROW_TYPES for n in (1, 5)],
+))
+
+# ---- norms ---------------------------------------------------------------------------------
+
+
+def _rms_norm_ref(i, p):
+    x = i["x"].astype(np.float64)
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + p["eps"])
+
+
+def _norm_ref(i, p):
+    x = i["x"].astype(np.float64)
+    c = x - x.mean(axis=-1, keepdims=True)
+    return c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + p["eps"])
+
+
+_NORM_CASES = lambda quick: [dict(ne=[n, rows], eps=eps) for n in (64, 576, 4096) for rows in (1, 5)  # noqa: E731
+                             for eps in (1e-6, 1e-5)]
+
+register(Op("RMS_NORM", make=lambda p, rng: dict(x=_f32(rng, p["ne"][1], p["ne"][0], lo=-3, hi=3)),
+            reference=_rms_norm_ref, run=lambda b, i, p: b.rms_norm(i["x"], None, p["eps"]), cases=_NORM_CASES))
+register(Op("NORM", make=lambda p, rng: dict(x=_f32(rng, p["ne"][1], p["ne"][0], lo=-3, hi=3)),
+            reference=_norm_ref, run=lambda b, i, p: b.norm(i["x"], p["eps"]), cases=_NORM_CASES))
+
+# ---- ROPE ----------------------------------------------------------------------------------
+
+
+def _rope_ref(i, p):
+    x = i["x"].astype(np.float64)
+    n_rot, pos = p["n_dims"], i["pos"].astype(np.float64)
+    theta = pos[:, None] * p["freq_scale"] * p["freq_base"] ** (-2.0 * np.arange(n_rot // 2) / n_rot)
+    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    out = x.copy()
+    if p["mode"] == "neox":
+        a, b_ = x[..., : n_rot // 2], x[..., n_rot // 2: n_rot]
+        out[..., : n_rot // 2], out[..., n_rot // 2: n_rot] = a * c - b_ * s, a * s + b_ * c
+    else:
+        a, b_ = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+        out[..., 0:n_rot:2], out[..., 1:n_rot:2] = a * c - b_ * s, a * s + b_ * c
+    return out
+
+
+def _rope_run(b, i, p):
+    cos, sin = b.rope_cache(i["pos"], p["n_dims"], p["freq_base"], p["freq_scale"])
+    return b.rope(i["x"], cos, sin, neox=p["mode"] == "neox")
+
+
+register(Op(
+    "ROPE",
+    make=lambda p, rng: dict(x=_f32(rng, p["ne"][2], p["ne"][1], p["ne"][0]),
+                             pos=rng.integers(0, 512, p["ne"][2]).astype(np.int32)),
+    reference=_rope_ref, run=_rope_run,
+    cases=lambda quick: [dict(ne=[hd, nh, nt], n_dims=nd, mode=mode, freq_base=fb, freq_scale=fs)
+                         for hd, nd in ((64, 64), (128, 128), (128, 64), (256, 256)) for nh, nt in ((4, 1), (9, 7))
+                         for mode in ("normal", "neox") for fb, fs in ((10000.0, 1.0), (1e6, 0.25))],
+))
+
+# ---- SOFT_MAX ------------------------------------------------------------------------------
+
+
+def _alibi_ref(n_head: int, max_bias: float) -> np.ndarray:
+    if max_bias <= 0:
+        return np.ones(n_head)
+    n_log2 = 2 ** math.floor(math.log2(n_head))
+    m0, m1 = 2.0 ** (-max_bias / n_log2), 2.0 ** (-max_bias / 2.0 / n_log2)
+    return np.array([m0 ** (h + 1) if h < n_log2 else m1 ** (2 * (h - n_log2) + 1) for h in range(n_head)])
+
+
+def _softmax_rows(s, sinks=None):
+    """Softmax over the last axis in float64; a sink adds exp(sink) to the denominator."""
+    m = s.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        m = np.maximum(m, sinks)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(s - m)
+    total = e.sum(axis=-1, keepdims=True) + (np.exp(sinks - m) if sinks is not None else 0.0)
+    return np.where(total > 0, e / np.where(total > 0, total, 1.0), 0.0)
+
+
+def _mask(rng, rows, cols, kind) -> np.ndarray | None:
+    """test-backend-ops' dense mask: uniform [-1, 1] with random all -inf or all 0 blocks."""
+    if kind == "none":
+        return None
+    mask = rng.uniform(-1, 1, (rows, cols)).astype(np.float32)
+    for _ in range(max(1, int(0.2 * rows * cols / (128 * 64)))):
+        r, c = rng.integers(0, max(rows - 1, 1)), rng.integers(0, max(cols - 1, 1))
+        mask[r:r + 64, c:c + 128] = -np.inf if rng.random() < 0.5 else 0.0
+    return mask.astype(np.float16).astype(np.float32)  # ggml passes the mask as f16
+
+
+def _softmax_ref(i, p):
+    s = i["x"].astype(np.float64) * p["scale"]
+    if i["mask"] is not None:
+        s = s + _alibi_ref(s.shape[0], p["max_bias"])[:, None, None] * i["mask"]
+    sinks = None if i["sinks"] is None else i["sinks"].astype(np.float64)[:, None, None]
+    return _softmax_rows(s, sinks)
+
+
+register(Op(
+    "SOFT_MAX",
+    make=lambda p, rng: dict(x=_f32(rng, p["ne"][2], p["ne"][1], p["ne"][0], lo=-5, hi=5),
+                             mask=_mask(rng, p["ne"][1], p["ne"][0], "dense" if p["mask"] else "none"),
+                             sinks=_f32(rng, p["ne"][2], lo=-3, hi=3) if p["sinks"] else None),
+    reference=_softmax_ref,
+    run=lambda b, i, p: b.soft_max_ext(i["x"], i["mask"], p["scale"], p["max_bias"], i["sinks"]),
+    cases=lambda quick: [dict(ne=[n, r, h], mask=mask, scale=sc, max_bias=mb, sinks=sk)
+                         for n, r, h in ((32, 4, 2), (512, 8, 4), (1025, 3, 8)) for mask in (False, True)
+                         for sc, mb in ((1.0, 0.0), (0.125, 8.0)) for sk in (False, True) if mask or mb == 0.0],
+    nmse=lambda p: 1e-6,
+))
+
+# ---- elementwise and activations -------------------------------------------------------------
+
+_SHAPES = [[32, 1], [576, 7], [1536, 16]]
+
+
+def _binary(name, fn):
+    register(Op(name, make=lambda p, rng: dict(a=_f32(rng, p["ne"][1], p["ne"][0]), b=_f32(rng, p["ne"][1], p["ne"][0])),
+                reference=lambda i, p: fn(i["a"].astype(np.float64), i["b"].astype(np.float64)),
+                run=lambda b, i, p: getattr(b, name.lower())(i["a"], i["b"]),
+                cases=lambda quick: [dict(type="f32", ne=s) for s in _SHAPES]))
+
+
+_binary("ADD", np.add)
+_binary("MUL", np.multiply)
+register(Op("SCALE", make=lambda p, rng: dict(a=_f32(rng, p["ne"][1], p["ne"][0])),
+            reference=lambda i, p: i["a"].astype(np.float64) * p["s"],
+            run=lambda b, i, p: b.scale(i["a"], p["s"]),
+            cases=lambda quick: [dict(type="f32", ne=s, s=sc) for s in _SHAPES for sc in (0.125, 25.3)]))
+
+
+def _gelu_ref(x):
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def _silu_ref(x):
+    return x / (1 + np.exp(-x))
+
+
+for _name, _fn in (("SILU", _silu_ref), ("GELU", _gelu_ref)):
+    register(Op(_name, make=lambda p, rng: dict(x=_f32(rng, p["ne"][1], p["ne"][0], lo=-8, hi=8)),
+                reference=lambda i, p, fn=_fn: fn(i["x"].astype(np.float64)),
+                run=lambda b, i, p, n=_name.lower(): getattr(b, n)(i["x"]),
+                cases=lambda quick: [dict(type="f32", ne=s) for s in _SHAPES]))
+
+for _name, _fn in (("SWIGLU", _silu_ref), ("GEGLU", _gelu_ref)):
+    register(Op(_name, make=lambda p, rng: dict(gate=_f32(rng, p["ne"][1], p["ne"][0], lo=-6, hi=6),
+                                                up=_f32(rng, p["ne"][1], p["ne"][0], lo=-2, hi=2)),
+                reference=lambda i, p, fn=_fn: fn(i["gate"].astype(np.float64)) * i["up"],
+                run=lambda b, i, p, n=_name.lower(): getattr(b, n)(i["gate"], i["up"]),
+                cases=lambda quick: [dict(type="f32", ne=s) for s in _SHAPES]))
+
+# ---- SSM_CONV / SSM_SCAN (Mamba) ------------------------------------------------------------
+
+
+def _ssm_conv_ref(i, p):
+    sx, c = i["sx"].astype(np.float64), i["c"].astype(np.float64)
+    n_t = sx.shape[1] - c.shape[1] + 1
+    return np.stack([np.einsum("sik,ik->si", sx[:, t:t + c.shape[1]].transpose(0, 2, 1), c) for t in range(n_t)], 1)
+
+
+register(Op(
+    "SSM_CONV",
+    make=lambda p, rng: dict(sx=_f32(rng, p["n_seq"], p["d_conv"] - 1 + p["n_t"], p["d_inner"]),
+                             c=_f32(rng, p["d_inner"], p["d_conv"])),
+    reference=_ssm_conv_ref, run=lambda b, i, p: b.ssm_conv(i["sx"], i["c"]),
+    cases=lambda quick: [dict(d_conv=4, d_inner=di, n_t=nt, n_seq=ns) for di in (64, 1536) for nt in (1, 7)
+                         for ns in (1, 3)],
+))
+
+
+def _ssm_scan_ref(i, p):
+    s = i["state"].astype(np.float64).copy()
+    ys = []
+    for t in range(i["x"].shape[1]):
+        dt = i["dt"][:, t].astype(np.float64)
+        dt = np.where(dt <= 20, np.log1p(np.exp(np.minimum(dt, 20))), dt)[:, :, None]
+        s = s * np.exp(dt * i["A"]) + dt * i["B"][:, t, None, :] * i["x"][:, t, :, None]
+        ys.append((s * i["C"][:, t, None, :]).sum(-1))
+    return np.concatenate([np.stack(ys, 1).reshape(-1), s.reshape(-1)])
+
+
+def _ssm_scan_run(b, i, p):
+    y, s = b.ssm_scan(i["state"], i["x"], i["dt"], i["A"], i["B"], i["C"])
+    return np.concatenate([b.to_numpy(y).reshape(-1), b.to_numpy(s).reshape(-1)])
+
+
+register(Op(
+    "SSM_SCAN",
+    make=lambda p, rng: dict(state=_f32(rng, p["n_seq"], p["d_inner"], p["d_state"]),
+                             x=_f32(rng, p["n_seq"], p["n_t"], p["d_inner"]),
+                             dt=_f32(rng, p["n_seq"], p["n_t"], p["d_inner"], lo=-4, hi=2),
+                             A=-np.exp(_f32(rng, p["d_inner"], p["d_state"], lo=-1, hi=1)),
+                             B=_f32(rng, p["n_seq"], p["n_t"], p["d_state"]),
+                             C=_f32(rng, p["n_seq"], p["n_t"], p["d_state"])),
+    reference=_ssm_scan_ref, run=_ssm_scan_run,
+    cases=lambda quick: [dict(d_state=ds, d_inner=di, n_t=nt, n_seq=ns) for ds in (16,) for di in (64, 256)
+                         for nt in (1, 5) for ns in (1, 2)],
+))
+
+# ---- TOP_K -----------------------------------------------------------------------------------
+
+register(Op(
+    "TOP_K",
+    make=lambda p, rng: dict(x=rng.permutation(p["ne"][0] * p["ne"][1]).reshape(p["ne"][1], p["ne"][0]).astype(np.float32)),
+    reference=lambda i, p: -np.sort(-i["x"].astype(np.float64), axis=-1)[:, : p["k"]],
+    run=lambda b, i, p: np.take_along_axis(i["x"], b.to_numpy(b.top_k(i["x"], p["k"])).astype(np.int64), axis=-1),
+    cases=lambda quick: [dict(ne=[n, r], k=k) for n, r in ((100, 1), (4096, 5)) for k in (1, 16, 40) if k <= n],
+    nmse=lambda p: 0.0,
+))
+
+# ---- FLASH_ATTN_EXT --------------------------------------------------------------------------
+
+KV_TYPES = {"f32": None, "f16": None, "q8_0": T.Q8_0}
+SPARSE_SEED = 0x5A17
+
+
+def _kv_rows(rng, n_kv, n_head_kv, d, kv_type) -> np.ndarray:
+    """K or V values as the cache type holds them (rounded through f16 or q8_0)."""
+    x = _f32(rng, n_kv, n_head_kv, d)
+    if kv_type == "f16":
+        return x.astype(np.float16).astype(np.float32)
+    if kv_type == "q8_0":
+        raw = quants.quantize(x.reshape(n_kv, -1), T.Q8_0)
+        return quants.dequantize(raw, T.Q8_0).reshape(n_kv, n_head_kv, d).astype(np.float32)
+    return x
+
+
+def sparse_mask(rows: int, n_kv: int, n_kv_max: int, seed: int = SPARSE_SEED) -> np.ndarray:
+    """test-backend-ops' sparse mask: row r keeps n_kv_max - r % min(n_kv_max, 17) random columns
+    (ascending, small negative values), so some rows keep one entry; all else is -inf."""
+    rng = np.random.default_rng(seed)
+    mask = np.full((rows, n_kv), -np.inf, dtype=np.float32)
+    for r in range(rows):
+        count = max(1, n_kv_max - r % min(n_kv_max, 17))
+        cols = np.sort(rng.permutation(n_kv)[:count])
+        mask[r, cols] = -0.03125 * (1 + (np.arange(count) + r) % 7)
+    return mask
+
+
+def _fa_make(p, rng):
+    nh_kv, (r1, _) = p["nh"], p["nr23"]
+    q = _f32(rng, p["nb"], nh_kv * r1, p["hsk"])
+    k = _kv_rows(rng, p["kv"], nh_kv, p["hsk"], p["type_K"])
+    v = k[..., : p["hsv"]] if p.get("v_is_view_of_k") else _kv_rows(rng, p["kv"], nh_kv, p["hsv"], p["type_V"])
+    if p["n_kv_max"]:
+        mask = sparse_mask(p["nb"], p["kv"], p["n_kv_max"])
+    else:
+        mask = _mask(rng, p["nb"], p["kv"], "dense" if p["mask"] else "none")
+    sinks = _f32(rng, nh_kv * r1, lo=-10, hi=10) if p["sinks"] else None
+    return dict(q=q, k=k, v=v, mask=mask, sinks=sinks)
+
+
+def _fa_ref(i, p):
+    """Plain attention per query head, in float64."""
+    q, k, v = (i[n].astype(np.float64) for n in ("q", "k", "v"))
+    n_head, group = q.shape[1], q.shape[1] // k.shape[1]
+    scale = 1.0 / math.sqrt(p["hsk"])
+    slopes = _alibi_ref(n_head, p["max_bias"])
+    out = np.empty((q.shape[0], n_head, v.shape[2]))
+    for h in range(n_head):
+        s = q[:, h] @ k[:, h // group].T * scale
+        if p["logit_softcap"]:
+            s = p["logit_softcap"] * np.tanh(s / p["logit_softcap"])
+        if i["mask"] is not None:
+            s = s + slopes[h] * i["mask"]
+        sinks = None if i["sinks"] is None else np.full((len(s), 1), float(i["sinks"][h]))
+        out[:, h] = _softmax_rows(s, sinks) @ v[:, h // group]
+    return out
+
+
+def _fa_run(b, i, p):
+    return b.flash_attn_ext(i["q"], i["k"], i["v"], i["mask"], 1.0 / math.sqrt(p["hsk"]), p["logit_softcap"],
+                            i["sinks"], p["max_bias"], p["n_kv_max"], path=p.get("path"))
+
+
+def fa_params(hsk=128, hsv=128, nh=2, gqa=1, kv=512, nb=8, mask=True, sinks=False, max_bias=0.0, softcap=0.0,
+              type_kv="f16", n_kv_max=0, v_is_view_of_k=False, path="auto") -> dict:
+    """A FLASH_ATTN_EXT case; `path` forces the dense or sparse kernel where the hint allows either."""
+    params = dict(hsk=hsk, hsv=hsv, nh=nh, nr23=[gqa, 1], kv=kv, nb=nb, mask=mask, sinks=sinks, max_bias=max_bias,
+                  logit_softcap=softcap, prec="f32", type_K=type_kv, type_V=type_kv, v_is_view_of_k=v_is_view_of_k,
+                  n_kv_max=n_kv_max)
+    return {**params, "path": path} if n_kv_max else params
+
+
+def _fa_cases(quick: bool) -> list[dict]:
+    heads = [(40, 40), (64, 64), (80, 80), (96, 96), (128, 128), (192, 192), (256, 256), (576, 512)]
+    cases = []
+    for (hsk, hsv), gqa, kv, nb in product(heads, (1, 4, 8, 16), (113, 512, 1025), (1, 8)):
+        if quick and hsk >= 192 and gqa > 4:
+            continue
+        cases.append(fa_params(hsk, hsv, 1 if gqa >= 8 else 2, gqa, kv, nb, v_is_view_of_k=hsk == 576))
+    for variant in (dict(mask=False), dict(sinks=True), dict(softcap=10.0), dict(max_bias=8.0),
+                    dict(type_kv="q8_0"), dict(type_kv="f32"), dict(sinks=True, softcap=10.0, max_bias=8.0)):
+        for hsk, gqa, nb in ((64, 1, 8), (128, 4, 1), (128, 8, 32)):
+            cases.append(fa_params(hsk, hsk, 2, gqa, 512, nb, **variant))
+    for kv in (4096,):
+        cases.append(fa_params(128, 128, 2, 4, kv, 8))
+    for path in ("dense", "sparse"):
+        for kv, n_kv_max, nb, gqa in ((4096, 512, 1, 8), (4096, 512, 8, 4), (1025, 96, 24, 1), (768, 64, 3, 2),
+                                      (4096, 2048, 4, 16), (113, 17, 20, 1)):
+            cases.append(fa_params(128, 128, 1 if gqa >= 8 else 2, gqa, kv, nb, n_kv_max=n_kv_max, path=path))
+        cases.append(fa_params(576, 512, 1, 16, 2048, 4, n_kv_max=512, v_is_view_of_k=True, path=path))
+        cases.append(fa_params(64, 64, 2, 4, 1024, 8, sinks=True, softcap=10.0, max_bias=8.0, n_kv_max=128,
+                               type_kv="q8_0", path=path))
+    return cases
+
+
+def _fa_perf_cases() -> list[dict]:
+    """Dense against sparse on the same long cache (the sparse masks keep n_kv_max keys per row)."""
+    return [fa_params(128, 128, 8, 1, 32768, 1, type_kv="f32", n_kv_max=n, path=p)
+            for n, p in ((0, "auto"), (1024, "dense"), (1024, "sparse"))] + \
+        [fa_params(128, 128, 8, 4, 32768, 8, type_kv="f16", n_kv_max=n, path=p)
+         for n, p in ((0, "auto"), (2048, "dense"), (2048, "sparse"))] + \
+        [fa_params(128, 128, 8, 4, 4096, 512, type_kv="f32")]
+
+
+register(Op(
+    "FLASH_ATTN_EXT", make=_fa_make, reference=_fa_ref, run=_fa_run, cases=_fa_cases, perf_cases=_fa_perf_cases,
+    nmse=lambda p: 5e-4,
+    flops=lambda p: 2.0 * p["nh"] * p["nr23"][0] * p["nb"] * (p["hsk"] + p["hsv"]) * p["kv"],
+))
