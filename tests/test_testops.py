@@ -40,6 +40,7 @@ def test_sparse_masks_keep_single_entry_rows_and_compact_in_order():
     for r in range(40):
         cols = np.flatnonzero(np.isfinite(mask[r]))
         assert idx[r, : len(cols)].tolist() == cols.tolist() and np.isneginf(values[r, len(cols):]).all()
+    assert compact_mask(mask, 16) is None  # a broken promise: the caller attends densely
 
 
 def test_a_wrong_kernel_is_caught():

@@ -34,13 +34,13 @@ def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
     return np.where(h < n_head_log2, m0 ** (h + 1), m1 ** (2 * (h - n_head_log2) + 1)).astype(np.float32)
 
 
-def compact_mask(mask: np.ndarray, n_kv_max: int) -> tuple[np.ndarray, np.ndarray]:
+def compact_mask(mask: np.ndarray, n_kv_max: int) -> tuple[np.ndarray, np.ndarray] | None:
     """Each row's finite columns in ascending order, padded to n_kv_max (padding points at column 0
-    with a -inf mask), and the mask values at those columns."""
+    with a -inf mask), and the mask values at those columns; None if a row breaks the bound."""
     rows, cols = np.nonzero(np.isfinite(mask))
     counts = np.bincount(rows, minlength=len(mask))
     if counts.max(initial=0) > n_kv_max:
-        raise ValueError(f"a mask row has {counts.max()} finite entries, more than n_kv_max={n_kv_max}")
+        return None
     slot = np.arange(len(cols)) - np.repeat(np.cumsum(counts) - counts, counts)
     idx = np.zeros((len(mask), n_kv_max), dtype=np.int64)
     idx[rows, slot] = cols
@@ -236,7 +236,11 @@ class CPUBackend:
         sparse = n_kv_max > 0 and path != "dense" and (path == "sparse" or n_kv >= max(SPARSE_MIN_KV, 2 * n_kv_max))
         args = (q, k.astype(np.float32, copy=False), v.astype(np.float32, copy=False), mask, scale, softcap,
                 sinks, slopes)
-        return self._attend_sparse(*args, n_kv_max=min(n_kv_max, n_kv)) if sparse else self._attend_dense(*args)
+        if sparse:
+            out = self._attend_sparse(*args, n_kv_max=min(n_kv_max, n_kv))
+            if out is not None:
+                return out
+        return self._attend_dense(*args)
 
     @staticmethod
     def _scores(qg, keys_t, scale, softcap, slopes_g, mask_part):
@@ -282,9 +286,10 @@ class CPUBackend:
             out[t0:t1] = ctx.transpose(2, 0, 1, 3).reshape(t1 - t0, n_head, d_v)
         return out
 
-    def _attend_sparse(self, q, k, v, mask, scale, softcap, sinks, slopes, n_kv_max: int) -> np.ndarray:
+    def _attend_sparse(self, q, k, v, mask, scale, softcap, sinks, slopes, n_kv_max: int) -> np.ndarray | None:
         """Compact each mask row to its finite columns (ascending, padded to n_kv_max), gather
-        those K/V rows and attend over them only."""
+        those K/V rows and attend over them only. None when a row has more than n_kv_max
+        (positions collapsed by seq_div, say): the caller then attends densely."""
         n_tokens, n_head, d_k = q.shape
         n_kv, n_head_kv, d_v = v.shape
         g = n_head // n_head_kv
@@ -293,7 +298,10 @@ class CPUBackend:
         out = np.empty((n_tokens, n_head, d_v), dtype=np.float32)
         for t0 in range(0, n_tokens, SPARSE_ROWS):
             t1 = min(t0 + SPARSE_ROWS, n_tokens)
-            idx, sel_mask = compact_mask(mask[t0:t1], n_kv_max)
+            compact = compact_mask(mask[t0:t1], n_kv_max)
+            if compact is None:
+                return None
+            idx, sel_mask = compact
             keys = self._gather_rows(k, idx, "sparse_k")  # whole rows (rows, n_sel, h_kv, d)
             values = self._gather_rows(v, idx, "sparse_v")
             qg = q[t0:t1].reshape(t1 - t0, n_head_kv, g, d_k)
