@@ -34,6 +34,7 @@ def generate(
     cache_type_k: opt.CacheTypeK = "f32",
     cache_type_v: opt.CacheTypeV = "f32",
     backend: opt.Backend = "cpu",
+    attn: opt.Attn = "auto",
     seed: Annotated[int, typer.Option("-s", "--seed", help="sampling seed (default: random)")] = DEFAULT_SEED,
     temp: Annotated[float, typer.Option("--temp", help="temperature (0: greedy)")] = 0.8,
     top_k: Annotated[int, typer.Option("--top-k")] = 40,
@@ -52,7 +53,7 @@ def generate(
     if system is not None and not chat:
         raise InvalidInputError("--system only applies with --chat")
     params = opt.context_params(ctx_size, batch_size, ubatch_size, parallel, kv, ctx_kind, swa_full,
-                                cache_type_k, cache_type_v, backend)
+                                cache_type_k, cache_type_v, backend, attn)
     lm, t_load = open_model(model)
     ctx = Context(lm, params)
     if chat:

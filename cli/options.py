@@ -21,14 +21,16 @@ SwaFull = Annotated[bool, typer.Option("--swa-full", help="full-size window cach
 CacheTypeK = Annotated[str, typer.Option("-ctk", "--cache-type-k", help=f"K cache type: {'|'.join(CACHE_TYPES)}")]
 CacheTypeV = Annotated[str, typer.Option("-ctv", "--cache-type-v", help=f"V cache type: {'|'.join(CACHE_TYPES)}")]
 Backend = Annotated[str, typer.Option("--backend", help="compute backend: cpu (cuda with CuPy)")]
+Attn = Annotated[str, typer.Option("--attn", help="attention where masks are sparse: auto|dense|sparse")]
 
 
 def context_params(ctx_size: int, batch_size: int, ubatch_size: int, parallel: int, kv: str, ctx: str,
-                   swa_full: bool, cache_type_k: str, cache_type_v: str, backend: str = "cpu") -> ContextParams:
+                   swa_full: bool, cache_type_k: str, cache_type_v: str, backend: str = "cpu",
+                   attn: str = "auto") -> ContextParams:
     """The flags as ContextParams, checked before any model is loaded."""
     params = ContextParams(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size, n_seq_max=parallel,
                            type_k=cache_type_k, type_v=cache_type_v, swa_full=swa_full, kv=kv, ctx=ctx,
-                           backend=backend)
+                           backend=backend, attn=attn)
     params.validate()
     get_backend(backend)  # an unavailable backend is refused before the model loads
     return params

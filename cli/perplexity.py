@@ -37,6 +37,7 @@ def perplexity(
     cache_type_k: opt.CacheTypeK = "f32",
     cache_type_v: opt.CacheTypeV = "f32",
     backend: opt.Backend = "cpu",
+    attn: opt.Attn = "auto",
     kl_base: Annotated[Optional[Path], typer.Option("--kl-divergence-base", help="file of base log-probabilities")] = None,
     kl: Annotated[bool, typer.Option("--kl-divergence", help="compare with --kl-divergence-base")] = False,
     output: Annotated[str, typer.Option("-o", "--output", help="text or json")] = "text",
@@ -62,7 +63,7 @@ def perplexity(
     if text is not None and not text.strip():
         raise InvalidInputError(f"{file} is empty")
     opt.context_params(ctx_size, batch_size, min(ubatch_size, batch_size), 1, kv, ctx_kind, swa_full,
-                       cache_type_k, cache_type_v, backend)
+                       cache_type_k, cache_type_v, backend, attn)
     lm, _ = open_model(model)
     if base is not None:
         if base.n_vocab != lm.hparams.n_vocab or base.vocab_fp != vocab_fingerprint(lm.vocab):
@@ -80,12 +81,13 @@ def perplexity(
                           f"({ctx_size} specified)", markup=False)
     _check_memory(plan, lm.hparams.n_vocab)
     ctx = Context(lm, opt.context_params(plan.n_seq * plan.n_ctx, plan.n_batch, min(ubatch_size, plan.n_batch),
-                                         plan.n_seq, kv, ctx_kind, swa_full, cache_type_k, cache_type_v, backend))
+                                         plan.n_seq, kv, ctx_kind, swa_full, cache_type_k, cache_type_v, backend,
+                                         attn))
     log(f"perplexity: calculating perplexity over {plan.n_chunk} chunks, n_ctx={plan.n_ctx}, "
         f"batch_size={plan.n_batch}, n_seq={plan.n_seq}")
     settings = dict(model=lm.name, file=str(file) if file else None, n_ctx=plan.n_ctx, n_chunk=plan.n_chunk,
                     n_batch=plan.n_batch, n_ubatch=ctx.params.n_ubatch, n_seq=plan.n_seq, kv=ctx.memory.kind,
-                    type_k=cache_type_k, type_v=cache_type_v, backend=backend)
+                    type_k=cache_type_k, type_v=cache_type_v, backend=backend, attn=attn)
     with _progress(progress, plan) as bar:
         if base is not None:
             _run_kl(ctx, base, plan, output, bar, settings)

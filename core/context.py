@@ -20,6 +20,7 @@ from .statefile import StateFileError, StateReader, StateWriter
 
 STATE_MAGIC, SEQ_STATE_MAGIC = b"LLMSTATE", b"LLMSEQST"
 STATE_VERSION = 1
+ATTN_PATHS = ("auto", "dense", "sparse")
 
 
 class DecodeStatus(IntEnum):
@@ -36,6 +37,7 @@ class ContextParams(MemoryParams):
     """What a context is built with: the memory's parameters plus batching and the backend."""
     n_batch: int = 2048
     backend: str = "cpu"
+    attn: str = "auto"  # attention path where a sparse bound exists: auto, dense or sparse
 
     def validate(self) -> None:
         """Refuse flag values that cannot work whatever the model (checked before loading one)."""
@@ -45,6 +47,8 @@ class ContextParams(MemoryParams):
             raise InvalidInputError("-b and -ub must be positive")
         if self.n_ubatch > self.n_batch:
             raise InvalidInputError(f"the micro-batch (-ub {self.n_ubatch}) cannot exceed the batch (-b {self.n_batch})")
+        if self.attn not in ATTN_PATHS:
+            raise InvalidInputError(f"unknown --attn '{self.attn}' (choose from {', '.join(ATTN_PATHS)})")
         self.validate_flags()
 
 
@@ -76,7 +80,7 @@ class Context:
         params.n_batch = min(params.n_batch, params.n_ctx)
         params.n_ubatch = min(params.n_ubatch, params.n_batch)
         self.model, self.params = model, params
-        self.backend = get_backend(params.backend)
+        self.backend = get_backend(params.backend, params.attn)
         self.memory = model.create_memory(params)
         self.kind = "no-kv" if self.memory.kind == "none" else "decoder"
         self.balloc = BatchAllocator(hp.n_vocab, params.n_seq_max)

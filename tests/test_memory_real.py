@@ -77,6 +77,16 @@ def test_tiny_gemma3_every_kind_matches_recomputation():
         assert tokens == ref_tokens and np.abs(logits - ref_logits).max() <= 1e-4, kind
 
 
+@pytest.mark.parametrize("kv", ["unified", "none"])
+def test_sparse_window_attention_equals_dense(kv):
+    """Window layers over a full cache carry the bound n_kv_max = window; forcing the sparse path
+    (gathered keys) gives the dense answer."""
+    prompt = list(range(2000, 2300))
+    dense_tokens, dense_logits = greedy(tiny_gemma3(), prompt, steps=8, kv=kv, attn="dense", n_ctx=512)
+    sparse_tokens, sparse_logits = greedy(tiny_gemma3(), prompt, steps=8, kv=kv, attn="sparse", n_ctx=512)
+    assert sparse_tokens == dense_tokens and np.abs(sparse_logits - dense_logits).max() <= 1e-4
+
+
 @pytest.mark.parametrize("name", list(KINDS))
 def test_q8_0_cache_stays_within_llama_cpp_tolerance(name):
     fixture = load_fixture(f"real/{name}.logits.json")
