@@ -54,7 +54,9 @@ def test_kl_divergence_against_itself_and_a_q8_0_cache(tmp_path):
     assert base.n_chunk == 4 and base.tokens.tolist() == tokens[: 4 * 128]
     same = kl_divergence(ctx, base, plan)
     assert same.n_same_top == same.count == 4 * 63
-    assert same.sum_kld / same.count < 1e-6
+    # the base stores log-probabilities in 16-bit steps of 16/65535: against itself only that rounding remains
+    print(f"KLD of the engine against itself: {same.sum_kld / same.count:.2e}")
+    assert abs(same.sum_kld / same.count) < 0.5 * 16 / 65535
     assert abs(np.exp(same.sum_nll / same.count) - reference.ppl) < 1e-4
     q8_ctx, _, _ = run("smollm2-135m", 128, chunks=4, type_k="q8_0", type_v="q8_0")
     q8 = kl_divergence(q8_ctx, base, plan)
