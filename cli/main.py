@@ -10,12 +10,12 @@ import typer
 
 from llmsuite.core.errors import LLMError
 
-from . import generate, models, perplexity, testops, tokenize
+from . import bench, generate, models, perplexity, testops, tokenize
 from .common import err_console, settings
 
 app = typer.Typer(
     name="llm",
-    help="llama.cpp's tools over a hackable Python engine: generate, perplexity, test-ops, tokenize, pull, models, info.",
+    help="llama.cpp's tools over a hackable Python engine: generate, bench, perplexity, test-ops, tokenize, pull, models, info.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -29,6 +29,7 @@ def _options(verbose: Annotated[bool, typer.Option("-v", "--verbose", help="log 
 
 
 app.command("generate")(generate.generate)
+app.command("bench")(bench.bench)
 app.command("perplexity")(perplexity.perplexity)
 app.command("test-ops")(testops.test_ops)
 app.command("tokenize")(tokenize.tokenize)

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, ClassVar
 
 import numpy as np
+from gguf import LlamaFileType
 
 from ..errors import ModelFileError, UnsupportedError
 from ..gguf import GGUFFile
@@ -93,6 +94,16 @@ def read_hparams(gguf: GGUFFile, arch: str) -> HParams:
     )
 
 
+def describe(gguf: GGUFFile, arch: str, n_params: int) -> str:
+    """llama-bench's model_type: architecture, size label and file type, e.g. 'llama 135M Q4_1'."""
+    size = gguf.get("general.size_label") or (f"{n_params / 1e9:.1f}B" if n_params >= 1e9 else f"{n_params / 1e6:.0f}M")
+    try:
+        ftype = LlamaFileType(int(gguf.get("general.file_type", -1))).name.removeprefix("MOSTLY_")
+    except ValueError:
+        ftype = "unknown type"
+    return f"{arch} {size} {ftype}"
+
+
 def fingerprint(gguf: GGUFFile, hp: HParams) -> str:
     """Identifies a model's weights for state files: shapes, types and a sample of every tensor."""
     digest = hashlib.sha256(repr((gguf.architecture, sorted(asdict(hp).items()))).encode())
@@ -114,6 +125,9 @@ class Model:
         self.chat_template = gguf.get("tokenizer.chat_template")
         self.name = gguf.get("general.name") or gguf.path.stem
         self.fingerprint = fingerprint(gguf, self.hparams)
+        self.size_bytes = sum(t.n_bytes for t in gguf.tensors.values())
+        self.n_params = sum(t.n_elements for t in gguf.tensors.values())
+        self.desc = describe(gguf, self.arch, self.n_params)
         if self.hparams.n_vocab != self.vocab.n_tokens:
             raise ModelFileError(f"{gguf.path}: vocab_size {self.hparams.n_vocab} differs from the "
                                  f"{self.vocab.n_tokens} tokens of the tokenizer")

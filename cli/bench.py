@@ -1,0 +1,237 @@
+"""`llm bench`: llama-bench for this engine — pp/tg at depth, sweeps, md/csv/json/jsonl."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import time
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from llmsuite.core import bench as core
+from llmsuite.core.backend import get_backend
+from llmsuite.core.context import ATTN_PATHS
+from llmsuite.core.errors import InvalidInputError
+from llmsuite.core.memory import CACHE_TYPES, KV_KINDS
+from llmsuite.core.models import load_model
+
+from .common import err_console, resolve
+
+ListOpt = Optional[list[str]]
+FIELDS = ["build_commit", "build_number", "cpu_info", "gpu_info", "backends", "model_filename", "model_type",
+          "model_size", "model_n_params", "n_batch", "n_ubatch", "n_threads", "type_k", "type_v", "kv", "attn",
+          "n_prompt", "n_gen", "n_depth", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts"]
+DISPLAY = {"n_batch": ("n_batch", 7), "n_ubatch": ("n_ubatch", 8), "type_k": ("type_k", 6), "type_v": ("type_v", 6),
+           "kv": ("kv", -8), "attn": ("attn", -6), "backend": ("backend", -10)}
+
+
+def bench(
+    specs: Annotated[Optional[list[str]], typer.Argument(help="tests: pp512 tg128 pp512+tg128 pp2048@d32768")] = None,
+    model: Annotated[ListOpt, typer.Option("-m", "--model", help="models (comma list or repeated)")] = None,
+    n_prompt: Annotated[ListOpt, typer.Option("-p", "--n-prompt", help="prompt lengths (lists, ranges)")] = None,
+    n_gen: Annotated[ListOpt, typer.Option("-n", "--n-gen", help="generation lengths")] = None,
+    pg: Annotated[ListOpt, typer.Option("-pg", help="pp,tg pairs")] = None,
+    depth: Annotated[ListOpt, typer.Option("-d", "--n-depth", help="depths for -p/-n/-pg tests")] = None,
+    repetitions: Annotated[int, typer.Option("-r", "--repetitions")] = 5,
+    batch: Annotated[ListOpt, typer.Option("-b", "--batch-size")] = None,
+    ubatch: Annotated[ListOpt, typer.Option("-ub", "--ubatch-size")] = None,
+    cache_type_k: Annotated[ListOpt, typer.Option("-ctk", "--cache-type-k")] = None,
+    cache_type_v: Annotated[ListOpt, typer.Option("-ctv", "--cache-type-v")] = None,
+    kv: Annotated[ListOpt, typer.Option("--kv", help=f"memory classes: {','.join(KV_KINDS)}")] = None,
+    attn: Annotated[ListOpt, typer.Option("--attn", help=f"attention paths: {','.join(ATTN_PATHS)}")] = None,
+    backend: Annotated[ListOpt, typer.Option("--backend", help="backends: cpu,cuda")] = None,
+    no_warmup: Annotated[bool, typer.Option("--no-warmup")] = False,
+    output: Annotated[str, typer.Option("-o", "--output", help="md, csv, json or jsonl")] = "md",
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="progress on stderr")] = True,
+) -> None:
+    """Measure prompt processing and generation speed (llama-bench)."""
+    if output not in ("md", "csv", "json", "jsonl"):
+        raise InvalidInputError(f"unknown output format '{output}' (md, csv, json or jsonl)")
+    if repetitions < 1:
+        raise InvalidInputError("-r must be at least 1")
+    tests = _tests(specs, n_prompt, n_gen, pg, depth)
+    axes = _axes(batch, ubatch, cache_type_k, cache_type_v, kv, attn, backend)
+    models = [m for value in (model or ["smollm2-135m"]) for m in core.parse_str_list(value)]
+    paths = {m: resolve(m) for m in models}
+    runs = core.instances(models, tests, axes)
+    results, notes = _run_all(runs, paths, repetitions, not no_warmup, progress)
+    for note in notes:
+        err_console.print(note, markup=False)
+    if not results:
+        raise InvalidInputError(notes[0].removeprefix("skipped: ") if notes else "nothing to run")
+    rows = [_fields(r, paths) for r in results]
+    if output == "md":
+        sys.stdout.write(_markdown(results, rows))
+    elif output == "json":
+        sys.stdout.write(json.dumps([{**row, "samples_ns": r.samples_ns, "samples_ts": [round(t, 6) for t in r.samples_ts]}
+                                     for r, row in zip(results, rows)], indent=2) + "\n")
+    elif output == "jsonl":
+        for r, row in zip(results, rows):
+            sys.stdout.write(json.dumps({**row, "samples_ns": r.samples_ns, "samples_ts": r.samples_ts}) + "\n")
+    else:
+        names = FIELDS + ["backend", "device"]
+        sys.stdout.write(",".join(names) + "\n")  # llama-bench: bare names, then every value quoted
+        csv.DictWriter(sys.stdout, fieldnames=names, quoting=csv.QUOTE_ALL).writerows(rows)
+
+
+def _tests(specs, n_prompt, n_gen, pg, depth) -> list[core.Test]:
+    tests = [core.parse_spec(s) for s in specs or []]
+    explicit = n_prompt or n_gen or pg
+    if not tests and not explicit:
+        n_prompt, n_gen = ["512"], ["128"]
+    depths = _ints(depth, "-d") or [0]
+    for d in depths:  # llama-bench: -p tests, then -n, then -pg, for every depth
+        tests += [core.Test(p, 0, d) for p in _ints(n_prompt, "-p") if p > 0]
+        tests += [core.Test(0, n, d) for n in _ints(n_gen, "-n") if n > 0]
+        for pair in pg or []:
+            values = _ints([pair], "-pg")
+            if len(values) != 2:
+                raise InvalidInputError(f"-pg '{pair}' needs exactly two numbers: prompt,generation")
+            if values != [0, 0]:
+                tests.append(core.Test(values[0], values[1], d))
+    if not tests:
+        raise InvalidInputError("no test to run (every length given is 0)")
+    return tests
+
+
+def _ints(values, flag) -> list[int]:
+    return [n for v in values or [] for n in core.parse_int_list(v, flag)]
+
+
+def _strs(values, allowed, flag) -> list[str]:
+    out = [s for v in values or [] for s in core.parse_str_list(v)]
+    for s in out:
+        if s not in allowed:
+            raise InvalidInputError(f"unknown {flag} value '{s}' (choose from {', '.join(allowed)})")
+    return out
+
+
+def _axes(batch, ubatch, ctk, ctv, kv, attn, backend) -> dict[str, list]:
+    return dict(n_batch=_ints(batch, "-b"), n_ubatch=_ints(ubatch, "-ub"), type_k=_strs(ctk, CACHE_TYPES, "-ctk"),
+                type_v=_strs(ctv, CACHE_TYPES, "-ctv"), kv=_strs(kv, KV_KINDS, "--kv"),
+                attn=_strs(attn, ATTN_PATHS, "--attn"), backend=_strs(backend, ("cpu", "cuda"), "--backend"))
+
+
+def _run_all(runs, paths, repetitions, warmup, show_progress):
+    models = lru_cache(maxsize=1)(lambda name: load_model(paths[name]))  # llama-bench reloads on change only
+    results, notes = [], []
+    enabled = show_progress and err_console.is_terminal
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=err_console, transient=True, disable=not enabled) as bar:
+        task = bar.add_task("bench", total=len(runs))
+        for i, inst in enumerate(runs, 1):
+            label = f"bench {i}/{len(runs)}: {inst.test.name}"
+            runner = core.Runner(models, repetitions, warmup,
+                                 on_event=lambda event: bar.update(task, description=f"{label} {event}"))
+            try:
+                get_backend(inst.backend)
+                results.append(runner.run(inst))
+            except InvalidInputError as e:
+                notes.append(f"skipped: {_describe(inst)}: {e}")
+            bar.advance(task)
+    return results, notes
+
+
+def _describe(inst: core.Instance) -> str:
+    axes = ", ".join(f"{name}={getattr(inst, name)}" for name in core.AXES)
+    return f"{inst.model} {inst.test.name} ({axes})"
+
+
+@lru_cache(maxsize=None)
+def _commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parent, timeout=5)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _fields(r: core.Result, paths) -> dict:
+    inst = r.instance
+    model = load_model_meta(paths[inst.model])
+    device = get_backend(inst.backend).describe()
+    return dict(build_commit=_commit(), build_number=0, cpu_info=core.cpu_name(),
+                gpu_info=device if inst.backend == "cuda" else "", backends=inst.backend.upper(),
+                model_filename=str(paths[inst.model]), model_type=model["desc"], model_size=model["size"],
+                model_n_params=model["n_params"], n_batch=inst.n_batch, n_ubatch=inst.n_ubatch,
+                n_threads=core.blas_threads(), type_k=inst.type_k, type_v=inst.type_v, kv=inst.kv, attn=inst.attn,
+                n_prompt=inst.test.n_prompt, n_gen=inst.test.n_gen, n_depth=inst.test.n_depth,
+                test_time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), avg_ns=r.avg_ns,
+                stddev_ns=r.stddev_ns, avg_ts=round(r.avg_ts, 6), stddev_ts=round(r.stddev_ts, 6),
+                backend=inst.backend, device=device)
+
+
+@lru_cache(maxsize=None)
+def load_model_meta(path: Path) -> dict:
+    model = load_model(path)
+    return dict(desc=model.desc, size=model.size_bytes, n_params=model.n_params)
+
+
+# ---- markdown ---------------------------------------------------------------------------------
+
+def _markdown(results: list[core.Result], rows: list[dict]) -> str:
+    runs = [r.instance for r in results]
+    varying = core.varying_axes(runs)
+    backends = sorted({r.backend for r in runs})
+    header = (f"measured on: {', '.join(backends)} — {core.cpu_name()}, {core.blas_threads()} BLAS threads, "
+              + "; ".join(get_backend(b).describe() for b in backends) + "\n\n")
+    table = _pivot(results, rows, varying[0]) if len(varying) == 1 else _plain(results, rows, varying)
+    return header + table + f"\nbuild: {_commit()} (llmsuite)\n"
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
+
+
+def _table(columns: list[tuple[str, int]], body: list[list[str]]) -> str:
+    """llama-bench's md: negative widths left-align; the separator ends with ':' when right-aligned."""
+    def line(cells):
+        return "| " + " | ".join(f"{c:<{-w}}" if w < 0 else f"{c:>{w}}" for c, (_, w) in zip(cells, columns)) + " |"
+    sep = "| " + " | ".join("-" * (abs(w) - 1) + (":" if w > 0 else "-") for _, w in columns) + " |"
+    return "\n".join([line([name for name, _ in columns]), sep] + [line(cells) for cells in body]) + "\n"
+
+
+def _model_cells(row: dict) -> list[str]:
+    return [row["model_type"], _size(row["model_size"]), _params(row["model_n_params"])]
+
+
+def _plain(results, rows, varying) -> str:
+    shown = [a for a in ("n_batch", "n_ubatch", "type_k", "type_v", "kv", "attn") if a in varying or
+             any(getattr(r.instance, a) != getattr(core.Instance, a) for r in results)]
+    columns = [("model", -30), ("size", 10), ("params", 10), ("backend", -10), ("threads", 7)]
+    columns += [DISPLAY[a] for a in shown] + [("test", 15), ("t/s", 20)]
+    body = [_model_cells(row) + [r.instance.backend, str(row["n_threads"])] + [str(getattr(r.instance, a)) for a in shown]
+            + [r.instance.test.name, f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}"] for r, row in zip(results, rows)]
+    return _table(columns, body)
+
+
+def _pivot(results, rows, axis: str) -> str:
+    """One axis varies: one row per model and test, t/s per value of the axis, speedup against the first."""
+    values = list(dict.fromkeys(getattr(r.instance, axis) for r in results))
+    groups: dict[tuple, dict] = {}
+    for r, row in zip(results, rows):
+        key = (r.instance.model, r.instance.test.name)
+        groups.setdefault(key, {"row": row, "backend": r.instance.backend, "ts": {}})["ts"][getattr(r.instance, axis)] = r
+    columns = [("model", -30), ("size", 10), ("params", 10)] + ([("backend", -10)] if axis != "backend" else [])
+    columns += [("test", 15)] + [(f"t/s {axis}={v}", max(20, len(f"t/s {axis}={v}"))) for v in values]
+    columns += [(f"speedup {v}", max(10, len(f"speedup {v}"))) for v in values[1:]]
+    body = []
+    for (_, test), g in groups.items():
+        ts = g["ts"]
+        cells = _model_cells(g["row"]) + ([g["backend"]] if axis != "backend" else []) + [test]
+        cells += [f"{ts[v].avg_ts:.2f} ± {ts[v].stddev_ts:.2f}" if v in ts else "-" for v in values]
+        first = ts.get(values[0])
+        cells += [f"{ts[v].avg_ts / first.avg_ts:.2f}x" if first and v in ts else "-" for v in values[1:]]
+        body.append(cells)
+    return _table(columns, body)
