@@ -119,7 +119,7 @@ def _axes(batch, ubatch, ctk, ctv, kv, attn, backend) -> dict[str, list]:
 
 
 def _run_all(runs, paths, repetitions, warmup, show_progress):
-    models = lru_cache(maxsize=1)(lambda name: load_model(paths[name]))  # llama-bench reloads on change only
+    load = lru_cache(maxsize=1)(lambda name, backend: load_model(paths[name], backend=backend))  # reload on change
     results, notes = [], []
     enabled = show_progress and err_console.is_terminal
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
@@ -127,7 +127,7 @@ def _run_all(runs, paths, repetitions, warmup, show_progress):
         task = bar.add_task("bench", total=len(runs))
         for i, inst in enumerate(runs, 1):
             label = f"bench {i}/{len(runs)}: {inst.test.name}"
-            runner = core.Runner(models, repetitions, warmup,
+            runner = core.Runner(lambda name, b=inst.backend: load(name, b), repetitions, warmup,
                                  on_event=lambda event: bar.update(task, description=f"{label} {event}"))
             try:
                 get_backend(inst.backend)

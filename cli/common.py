@@ -56,8 +56,8 @@ def resolve(spec: str | None) -> Path:
         return hub.resolve_model(spec, RichReporter(progress))
 
 
-def open_model(spec: str | None) -> tuple[Model, float]:
-    """Resolve `-m`, load the model with a progress bar; returns (model, load seconds)."""
+def open_model(spec: str | None, backend: str = "cpu") -> tuple[Model, float]:
+    """Resolve `-m`, load the model for `backend` with a progress bar; returns (model, load seconds)."""
     path = resolve(spec)
     t0 = time.perf_counter()
     with progress_display() as progress:
@@ -66,7 +66,7 @@ def open_model(spec: str | None) -> tuple[Model, float]:
         def report(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
 
-        model = load_model(path, report)
+        model = load_model(path, report, backend)
     return model, time.perf_counter() - t0
 
 

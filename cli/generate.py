@@ -54,7 +54,7 @@ def generate(
         raise InvalidInputError("--system only applies with --chat")
     params = opt.context_params(ctx_size, batch_size, ubatch_size, parallel, kv, ctx_kind, swa_full,
                                 cache_type_k, cache_type_v, backend, attn)
-    lm, t_load = open_model(model)
+    lm, t_load = open_model(model, backend)
     ctx = Context(lm, params)
     if chat:
         text = chat_prompt(lm, text, system)
@@ -62,7 +62,7 @@ def generate(
     check_prompt(ctx, tokens)
     samplers = [Sampler(SamplerParams(seed=seed if seed == DEFAULT_SEED else seed + i, temp=temp, top_k=top_k,
                                       top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
-                                      repeat_last_n=repeat_last_n)) for i in range(parallel)]
+                                      repeat_last_n=repeat_last_n), ctx.backend) for i in range(parallel)]
     log(f"sampler seed: {', '.join(str(s.seed) for s in samplers)}\n"
         f"sampler chain: {samplers[0].describe()}\n"
         f"memory: {ctx.memory.kind} ({ctx.kind}), {ctx.memory.nbytes / 2**20:.1f} MiB")

@@ -64,7 +64,7 @@ def perplexity(
         raise InvalidInputError(f"{file} is empty")
     opt.context_params(ctx_size, batch_size, min(ubatch_size, batch_size), 1, kv, ctx_kind, swa_full,
                        cache_type_k, cache_type_v, backend, attn)
-    lm, _ = open_model(model)
+    lm, _ = open_model(model, backend)
     if base is not None:
         if base.n_vocab != lm.hparams.n_vocab or base.vocab_fp != vocab_fingerprint(lm.vocab):
             raise InvalidInputError(f"{kl_base} was computed with another vocabulary ({base.model_name}); "

@@ -79,9 +79,11 @@ class Context:
             params.n_ctx = hp.n_ctx_train
         params.n_batch = min(params.n_batch, params.n_ctx)
         params.n_ubatch = min(params.n_ubatch, params.n_batch)
+        if params.backend != model.backend.name:
+            raise InvalidInputError(f"the model was loaded for the {model.backend.name} backend, not {params.backend}")
         self.model, self.params = model, params
         self.backend = get_backend(params.backend, params.attn)
-        self.memory = model.create_memory(params)
+        self.memory = model.create_memory(params, self.backend.xp)
         self.kind = "no-kv" if self.memory.kind == "none" else "decoder"
         self.balloc = BatchAllocator(hp.n_vocab, params.n_seq_max)
         self._logits_store: np.ndarray | None = None
@@ -125,7 +127,7 @@ class Context:
                 target = logits[rows[0]:rows[-1] + 1] if contiguous else None
                 out = self.model.forward(Graph(self.model, mctx, self.backend, self.observer, target))
                 if not contiguous:
-                    logits[rows] = out
+                    logits[self.backend.asarray(rows)] = out
             except KeyboardInterrupt:
                 self._roll_back(ub)
                 return self._fail(DecodeStatus.ABORTED, "interrupted")
@@ -145,14 +147,14 @@ class Context:
         """Rows for this decode's logits, reusing one buffer (logits stay valid until the next decode)."""
         n_vocab = self.model.hparams.n_vocab
         if self._logits_store is None or len(self._logits_store) < n_rows:
-            self._logits_store = np.empty((n_rows, n_vocab), dtype=np.float32)
+            self._logits_store = self.backend.xp.empty((n_rows, n_vocab), dtype=np.float32)
         return self._logits_store[:n_rows]
 
     def shift_keys(self, il: int, keys: np.ndarray, delta: np.ndarray) -> np.ndarray:
         """Rotate cached keys of layer il by a position delta (RoPE composes: R(p+d) = R(d)R(p))."""
         hp = self.model.hparams
-        cos, sin = self.backend.rope_cache(delta, hp.n_rot, hp.rope_base(il), hp.rope_freq_scale)
-        return self.backend.rope(keys, cos, sin, neox=hp.rope_neox)
+        table = self.backend.rope_cache(delta, hp.n_rot, hp.rope_base(il), hp.rope_freq_scale)
+        return self.backend.rope(keys, table, neox=hp.rope_neox)
 
     def _roll_back(self, ub) -> None:
         """Remove the failed ubatch's positions; earlier ubatches stay (llama.cpp's rule)."""

@@ -16,7 +16,7 @@ class Graph:
         self.ops = backend
         self.n_tokens = self.ub.n_tokens
         self.out_rows = np.flatnonzero(self.ub.output)
-        self._rope_tables: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
+        self._rope_tables: dict[tuple[float, float], object] = {}
 
     def cb(self, name: str, il: int, x: np.ndarray) -> np.ndarray:
         """Show a named intermediate tensor to the observer, if any (llama.cpp's cb_eval)."""
@@ -41,8 +41,7 @@ class Graph:
         key = (self.hp.rope_base(il), self.hp.rope_freq_scale)
         if key not in self._rope_tables:
             self._rope_tables[key] = self.ops.rope_cache(self.ub.pos, self.hp.n_rot, *key)
-        cos, sin = self._rope_tables[key]
-        return self.ops.rope(x, cos, sin, neox=self.hp.rope_neox)
+        return self.ops.rope(x, self._rope_tables[key], neox=self.hp.rope_neox)
 
     def attn(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
         """Store this ubatch's K/V for layer il, attend over the memory; returns (n_tokens, n_head*d_v)."""
@@ -52,23 +51,20 @@ class Graph:
         if len(groups) == 1:
             g = groups[0]
             return self.ops.flash_attn_ext(q, g.keys, g.values, g.mask, scale, n_kv_max=g.n_kv_max).reshape(len(q), -1)
-        out = np.empty((len(q), q.shape[1], v.shape[2]), dtype=np.float32)
+        out = self.ops.xp.empty((len(q), q.shape[1], v.shape[2]), dtype=np.float32)
         for g in groups:  # one per cache stream
             out[g.rows] = self.ops.flash_attn_ext(q[g.rows], g.keys, g.values, g.mask, scale, n_kv_max=g.n_kv_max)
         return out.reshape(len(q), -1)
 
     def ffn(self, x: np.ndarray, gate_up: np.ndarray, down: np.ndarray, act: str) -> np.ndarray:
         """Gated feed-forward with the gate and up projections fused into one weight."""
-        h = self.ops.matmul(x, gate_up)
-        n_ff = h.shape[-1] // 2
-        gated = getattr(self.ops, act)(h[:, :n_ff], h[:, n_ff:])
-        return self.ops.matmul(gated, down)
+        return self.ops.matmul(self.ops.gated_ffn(self.ops.matmul(x, gate_up), act), down)
 
     def select_outputs(self, *xs: np.ndarray) -> tuple[np.ndarray, ...]:
         """Keep only the rows that produce outputs (done before the last layer's FFN)."""
         if len(self.out_rows) == self.n_tokens:
             return xs
-        return tuple(x[self.out_rows] for x in xs)
+        return tuple(self.ops.take_rows(x, self.out_rows) for x in xs)
 
     def logits(self, x: np.ndarray, norm_weight: np.ndarray, head: np.ndarray) -> np.ndarray:
         return self.ops.matmul(self.cb("result_norm", -1, self.norm(x, norm_weight)), head, out=self.logits_out)

@@ -217,8 +217,8 @@ def _rope_ref(i, p):
 
 
 def _rope_run(b, i, p):
-    cos, sin = b.rope_cache(i["pos"], p["n_dims"], p["freq_base"], p["freq_scale"])
-    return b.rope(i["x"], cos, sin, neox=p["mode"] == "neox")
+    table = b.rope_cache(i["pos"], p["n_dims"], p["freq_base"], p["freq_scale"])
+    return b.rope(i["x"], table, neox=p["mode"] == "neox")
 
 
 register(Op(

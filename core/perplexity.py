@@ -90,7 +90,8 @@ def chunk_logits(ctx: Context, tokens: np.ndarray, plan: ChunkPlan) -> Iterator[
             if status != DecodeStatus.OK:
                 raise LLMError(f"decode failed ({status.name.lower().replace('_', ' ')}): {ctx.last_error}")
             if len(ctx.logits):  # the context reuses its buffer: copy when a chunk takes several decodes
-                per_seq = ctx.logits.reshape(n_seq, -1, ctx.logits.shape[1])
+                logits = ctx.backend.to_numpy(ctx.logits)
+                per_seq = logits.reshape(n_seq, -1, logits.shape[1])
                 for s in range(n_seq):
                     rows[s].append(per_seq[s] if plan.n_ctx <= n_batch else per_seq[s].copy())
         for s in range(n_seq):

@@ -84,6 +84,21 @@ class CPUBackend:
     def to_numpy(x) -> np.ndarray:
         return np.asarray(x)
 
+    # ---- weights -------------------------------------------------------------------------
+
+    @staticmethod
+    def load_weight(raw: np.ndarray, qtype, shape: tuple[int, ...]) -> np.ndarray:
+        """A GGUF tensor's raw bytes as the float32 array the ops compute with."""
+        return dequantize(raw, qtype, int(np.prod(shape))).reshape(shape)
+
+    @staticmethod
+    def concatenate(arrays, axis: int = 0):
+        return np.concatenate(arrays, axis=axis)
+
+    @staticmethod
+    def take_rows(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return x[rows]
+
     # ---- dense algebra -------------------------------------------------------------------
 
     @staticmethod
@@ -159,6 +174,11 @@ class CPUBackend:
     def geglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return self.gelu(gate) * up
 
+    def gated_ffn(self, h: np.ndarray, act: str) -> np.ndarray:
+        """act(gate) * up over a fused gate|up activation (n_tokens, 2 * n_ff)."""
+        n_ff = h.shape[-1] // 2
+        return getattr(self, act)(h[:, :n_ff], h[:, n_ff:])
+
     # ---- rotary embeddings ---------------------------------------------------------------
 
     @staticmethod
@@ -172,11 +192,12 @@ class CPUBackend:
         return np.cos(theta), np.sin(theta)
 
     @staticmethod
-    def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> np.ndarray:
-        """Rotate the first n_rot dims of x (n_tokens, n_head, head_dim).
+    def rope(x: np.ndarray, table, neox: bool) -> np.ndarray:
+        """Rotate the first n_rot dims of x (n_tokens, n_head, head_dim) by a rope_cache table.
 
         Normal mode rotates adjacent pairs (x[2i], x[2i+1]); NEOX mode rotates (x[i], x[i + n_rot/2]).
         """
+        cos, sin = table
         n_rot = 2 * cos.shape[1]
         c, s = cos[:, None, :], sin[:, None, :]
         out = x.copy()
@@ -341,6 +362,18 @@ class CPUBackend:
             s = s * np.exp(d * A) + d * B[:, t, None, :] * x[:, t, :, None]
             y[:, t] = np.einsum("sin,sn->si", s, C[:, t])
         return y, s
+
+    # ---- sampling -------------------------------------------------------------------------
+
+    @staticmethod
+    def argmax(x: np.ndarray) -> int:
+        return int(np.argmax(x))
+
+    @staticmethod
+    def sample_cdf(probs: np.ndarray, ids: np.ndarray, u: float) -> int:
+        """The candidate where the running sum of unnormalized probs first reaches u * total."""
+        cum = np.cumsum(probs, dtype=np.float64)
+        return int(ids[min(int(np.searchsorted(cum, u * cum[-1], side="left")), len(ids) - 1)])
 
     @staticmethod
     def top_k(x: np.ndarray, k: int) -> np.ndarray:

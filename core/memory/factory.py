@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import InvalidInputError
 from .base import Memory
 from .iswa import KVCacheISWA
@@ -64,8 +66,8 @@ def resolve_kinds(arch: str, has_swa: bool, p: MemoryParams) -> tuple[str, str]:
     return kv, ("no-kv" if kv == "none" else "decoder")
 
 
-def create_memory(hp, arch: str, p: MemoryParams) -> Memory:
-    """The memory for a decoder-only transformer with hyper-parameters `hp`."""
+def create_memory(hp, arch: str, p: MemoryParams, xp=np) -> Memory:
+    """The memory for a decoder-only transformer with hyper-parameters `hp`, its rows in `xp` arrays."""
     has_swa = hp.n_swa > 0 and bool(hp.swa_layers)
     kv, _ = resolve_kinds(arch, has_swa, p)
     for type_name, dim in ((p.type_k, hp.n_embd_k_gqa), (p.type_v, hp.n_embd_v_gqa)):
@@ -76,8 +78,8 @@ def create_memory(hp, arch: str, p: MemoryParams) -> Memory:
         return NoKVMemory(p.n_seq_max, **swa)
     if kv == "iswa":
         return KVCacheISWA(layers, set(hp.swa_layers), p.n_ctx, hp.n_swa, p.n_ubatch, p.n_seq_max,
-                           p.type_k, p.type_v, p.swa_full)
+                           p.type_k, p.type_v, p.swa_full, xp=xp)
     if kv == "split":
         return KVCache(layers, p.n_ctx // p.n_seq_max, p.n_seq_max, p.n_seq_max, p.type_k, p.type_v,
-                       kind="split", **swa)
-    return KVCache(layers, p.n_ctx, p.n_seq_max, 1, p.type_k, p.type_v, kind="unified", **swa)
+                       kind="split", xp=xp, **swa)
+    return KVCache(layers, p.n_ctx, p.n_seq_max, 1, p.type_k, p.type_v, kind="unified", xp=xp, **swa)

@@ -84,15 +84,15 @@ class KVCells:
 class KVCache(Memory):
     def __init__(self, layers: dict[int, LayerShape], kv_size: int, n_seq_max: int = 1, n_stream: int = 1,
                  type_k: str = "f32", type_v: str = "f32", n_swa: int = 0, swa_layers=frozenset(),
-                 kind: str = "unified"):
+                 kind: str = "unified", xp=None):
         self.kind = kind
         self.layers = layers
         self.kv_size, self.n_seq_max, self.n_stream = kv_size, n_seq_max, n_stream
         self.type_k, self.type_v = type_k, type_v
         self.n_swa, self.swa_layers = n_swa, frozenset(swa_layers) & frozenset(layers)
         self.reuses_cells = n_swa > 0 and bool(layers) and self.swa_layers == frozenset(layers)
-        self.k = {il: KVStorage(n_stream, kv_size, s.n_head_kv * s.head_dim_k, type_k) for il, s in layers.items()}
-        self.v = {il: KVStorage(n_stream, kv_size, s.n_head_kv * s.head_dim_v, type_v) for il, s in layers.items()}
+        self.k = {il: KVStorage(n_stream, kv_size, s.n_head_kv * s.head_dim_k, type_k, xp) for il, s in layers.items()}
+        self.v = {il: KVStorage(n_stream, kv_size, s.n_head_kv * s.head_dim_v, type_v, xp) for il, s in layers.items()}
         self.cells = [KVCells(kv_size, n_seq_max) for _ in range(n_stream)]
         self.heads = [0] * n_stream
 
@@ -257,7 +257,7 @@ class KVCache(Memory):
                 delta = cells.shift[idxs].astype(np.float32)
                 for il, shape in self.layers.items():
                     store = self.k[il]
-                    keys = store.to_float(store.raw(st, idxs)).reshape(len(idxs), shape.n_head_kv, -1)
+                    keys = store.to_float(store.rows(st, idxs)).reshape(len(idxs), shape.n_head_kv, -1)
                     rotated = shift_keys(il, keys, delta).reshape(len(idxs), -1)
                     store.write(np.full(len(idxs), st), idxs, rotated)
                 done = True

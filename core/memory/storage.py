@@ -25,12 +25,15 @@ def check_cache_type(name: str, dim: int | None = None) -> None:
 
 
 class KVStorage:
-    def __init__(self, n_stream: int, kv_size: int, dim: int, type_name: str):
+    def __init__(self, n_stream: int, kv_size: int, dim: int, type_name: str, xp=None):
         check_cache_type(type_name, dim)
+        self.xp = xp if xp is not None else np
         self.type_name, self.dim = type_name, dim
         self.qtype = BLOCK_TYPES.get(type_name)
+        if self.qtype is not None and self.xp is not np:
+            raise InvalidInputError(f"cache type {type_name} is not supported on the GPU yet (f32 and f16 are)")
         if self.qtype is None:
-            self.data = np.zeros((n_stream, kv_size, dim), dtype=FLOAT_TYPES[type_name])
+            self.data = self.xp.zeros((n_stream, kv_size, dim), dtype=FLOAT_TYPES[type_name])
         else:
             block, type_size = GGML_QUANT_SIZES[self.qtype]
             self.data = np.zeros((n_stream, kv_size, dim // block * type_size), dtype=np.uint8)
@@ -43,22 +46,31 @@ class KVStorage:
     def row_bytes(self) -> int:
         return self.data.shape[2] * self.data.itemsize
 
-    def write(self, streams: np.ndarray, cells: np.ndarray, rows: np.ndarray) -> None:
+    def write(self, streams: np.ndarray, cells: np.ndarray, rows) -> None:
         """Store float rows (n, dim) at (streams[i], cells[i])."""
-        self.data[streams, cells] = rows if self.qtype is None else quantize_rows(rows, self.qtype)
+        if self.qtype is not None:
+            self.data[streams, cells] = quantize_rows(rows, self.qtype)
+        else:
+            self.data[self.xp.asarray(streams), self.xp.asarray(cells)] = rows
 
-    def read(self, stream: int, n: int) -> np.ndarray:
-        """The first n cells of a stream as float32 (n, dim); a view when the type is f32."""
-        return self.to_float(self.data[stream, :n])
+    def read(self, stream: int, n: int):
+        """The first n cells of a stream: a view of f32/f16 rows, or q8_0/q4_0 rows as float32."""
+        rows = self.data[stream, :n]
+        return rows if self.qtype is None else dequantize_rows(rows, self.qtype)
 
-    def to_float(self, raw: np.ndarray) -> np.ndarray:
+    def to_float(self, raw):
         if self.qtype is not None:
             return dequantize_rows(raw, self.qtype)
         return raw.astype(np.float32, copy=False)
 
     def raw(self, stream: int, cells: np.ndarray) -> np.ndarray:
-        """Rows exactly as stored, for state files and copies."""
-        return self.data[stream, cells]
+        """Rows exactly as stored, on the host (for state files and copies)."""
+        rows = self.data[stream, self.xp.asarray(cells)]
+        return rows if self.xp is np else self.xp.asnumpy(rows)
+
+    def rows(self, stream: int, cells: np.ndarray):
+        """Rows as stored, where they live (for the K-shift)."""
+        return self.data[stream, self.xp.asarray(cells)]
 
     def set_raw(self, stream: int, cells: np.ndarray, raw: np.ndarray) -> None:
-        self.data[stream, cells] = raw
+        self.data[stream, self.xp.asarray(cells)] = self.xp.asarray(raw)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..backend import get_backend
 from ..errors import UnsupportedError
 from ..gguf import GGUFFile
 from . import gemma3, llama  # noqa: F401  (registration)
@@ -11,7 +12,9 @@ from .base import HParams, Model, ProgressFn
 from .registry import ARCHITECTURES
 
 
-def load_model(path: str | Path, progress: ProgressFn | None = None) -> Model:
+def load_model(path: str | Path, progress: ProgressFn | None = None, backend: str = "cpu") -> Model:
+    """The model in `path`, its weights placed and typed for `backend` (dequantized once, at load)."""
+    compute = get_backend(backend)
     gguf = GGUFFile(path)
     try:
         arch = gguf.architecture
@@ -19,7 +22,7 @@ def load_model(path: str | Path, progress: ProgressFn | None = None) -> Model:
         if cls is None:
             known = ", ".join(sorted(ARCHITECTURES))
             raise UnsupportedError(f"{gguf.path}: unknown architecture '{arch}' (this engine runs: {known})")
-        return cls(gguf, progress)
+        return cls(gguf, progress, compute)
     finally:
         gguf.close()
 

@@ -9,6 +9,7 @@ from typing import Callable, ClassVar
 import numpy as np
 from gguf import LlamaFileType
 
+from ..backend import get_backend
 from ..errors import ModelFileError, UnsupportedError
 from ..gguf import GGUFFile
 from ..memory import Memory, MemoryParams, create_memory
@@ -118,8 +119,9 @@ class Model:
 
     arch: ClassVar[str] = ""
 
-    def __init__(self, gguf: GGUFFile, progress: ProgressFn | None = None):
+    def __init__(self, gguf: GGUFFile, progress: ProgressFn | None = None, backend=None):
         self.path = gguf.path
+        self.backend = backend or get_backend("cpu")  # where the weights live and in what type
         self.hparams = self.load_hparams(gguf)
         self.vocab = Vocab(gguf)
         self.chat_template = gguf.get("tokenizer.chat_template")
@@ -145,19 +147,19 @@ class Model:
         """Run one ubatch; return the logits of its output rows, (n_outputs, n_vocab)."""
         raise NotImplementedError
 
-    def create_memory(self, params: MemoryParams) -> Memory:
+    def create_memory(self, params: MemoryParams, xp=np) -> Memory:
         """The memory the flags ask for; an architecture overrides this only if the default is wrong."""
-        return create_memory(self.hparams, self.arch, params)
+        return create_memory(self.hparams, self.arch, params, xp)
 
     # ---- weight loading helpers ----------------------------------------------------------
 
     def weight(self, gguf: GGUFFile, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        """Dequantize tensor `name`, checking its NumPy shape."""
+        """Tensor `name` in the backend's compute type, checking its NumPy shape."""
         info = gguf.tensor_info(name)
         if info.numpy_shape != tuple(shape):
             raise ModelFileError(f"{gguf.path}: tensor '{name}' has shape {list(info.numpy_shape)}, "
                                  f"expected {list(shape)}")
-        out = gguf.load(name)
+        out = self.backend.load_weight(gguf.raw(name), info.type, info.numpy_shape)
         self._loaded += info.n_bytes
         if self._progress:
             self._progress(self._loaded, self._to_load)
@@ -165,7 +167,7 @@ class Model:
 
     def fused(self, gguf: GGUFFile, names_shapes: list[tuple[str, tuple[int, int]]]) -> np.ndarray:
         """Several (n_out_i, n_in) weights stacked into one (sum n_out_i, n_in) matrix."""
-        return np.concatenate([self.weight(gguf, n, s) for n, s in names_shapes], axis=0)
+        return self.backend.concatenate([self.weight(gguf, n, s) for n, s in names_shapes], axis=0)
 
     def attention_weights(self, gguf: GGUFFile, il: int) -> tuple[np.ndarray, np.ndarray]:
         """Layer il's fused q/k/v projection (n_q + 2 n_kv, n_embd) and its output projection."""
