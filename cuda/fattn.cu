@@ -1,7 +1,7 @@
-// Flash attention over an f16 KV cache: a split-KV decode kernel (1-8 query rows) that packs the
-// query heads sharing a KV head into one block, the combine kernel that merges its splits, a
-// FlashAttention-2-style WMMA prefill kernel, and the sparse path: a mask-to-index compaction
-// kernel whose lists both attention kernels can read instead of a contiguous key range.
+// Flash attention over an f16 KV cache: a split-KV "decode" kernel that packs the query heads sharing
+// a KV head into one block (used for 1-8 query rows, and for sparse lists at any row count), the
+// combine kernel that merges its splits, a FlashAttention-2-style WMMA prefill kernel for dense
+// masks, and the sparse compaction kernel: each mask row to its ascending list of finite columns.
 //
 // Layouts (NumPy order): q (n_q, n_head, D) f32; k (n_kv, n_head_kv, D) and v (n_kv, n_head_kv, DV)
 // f16 with row strides in elements; mask (n_q, n_kv) f32 of 0 / -inf (or ALiBi distances);
@@ -18,6 +18,12 @@ struct AttnParams {
     float scale, softcap, max_bias, m0, m1;
     int n_head_log2;
 };
+
+// Kernel entry points take the parameters as scalars (what cupy.RawKernel passes) and pack them.
+#define ATTN_PARAM_ARGS                                                                                   \
+    int n_q, int n_kv, int n_head, int n_head_kv, long long k_row, long long v_row, float scale,          \
+        float softcap, float max_bias, float m0, float m1, int n_head_log2
+#define ATTN_PARAMS {n_q, n_kv, n_head, n_head_kv, k_row, v_row, scale, softcap, max_bias, m0, m1, n_head_log2}
 
 // Score of one key for one head: softcap(q.k * scale) + slope * mask.
 __device__ __forceinline__ float finish_score(float dot, const AttnParams & p, float slope, float mask_v) {
@@ -126,8 +132,8 @@ __device__ void decode_block(const float * q, const __half * k, const __half * v
     extern "C" __global__ void __launch_bounds__(DECODE_THREADS)                                         \
     fattn_decode_##D##_##DV##_##HG(const float * q, const __half * k, const __half * v, const float * mask, \
                                    const int * indices, int n_sel, float * part_acc, float * part_ml,     \
-                                   const AttnParams p, int n_split) {                                     \
-        decode_block<D, DV, HG>(q, k, v, mask, indices, n_sel, part_acc, part_ml, p, n_split);           \
+                                   int n_split, ATTN_PARAM_ARGS) {                                        \
+        decode_block<D, DV, HG>(q, k, v, mask, indices, n_sel, part_acc, part_ml, ATTN_PARAMS, n_split); \
     }
 
 // head sizes 64, 128, 256 and 576/512 (MLA); HG heads per block keep HG * DV / 32 floats per lane
@@ -199,8 +205,8 @@ extern "C" __global__ void mask_to_indices(const float * mask, int n_q, int n_kv
 // One block per (64 query rows, head); each of the 4 warps owns 16 query rows. Per KV tile of 64
 // rows: S = Q K^T (WMMA into shared memory), an online softmax per row, O = O * alpha + P V (WMMA,
 // the running O kept in shared memory). Tiles whose mask is -inf for all 64 rows are skipped
-// (the causal upper triangle). With `indices`, KV tile rows come from the block's list (the union
-// of its rows' finite columns) and each row reads its own mask value at the listed column.
+// (the causal upper triangle). Sparse masks go to the decode kernel instead, one list per query row
+// (a 64-row tile's union of random per-row lists is nearly the whole cache).
 
 #define PF_ROWS 64
 #define PF_TILE 64
@@ -210,8 +216,7 @@ using namespace nvcuda;
 
 template <int D>
 __device__ void prefill_block(const float * q, const __half * k, const __half * v, const float * mask,
-                              const float * sinks, const int * indices, const int * counts, int cap,
-                              float * out, const AttnParams p) {
+                              const float * sinks, float * out, const AttnParams p) {
     extern __shared__ unsigned char smem_raw[];
     __half * q_s = reinterpret_cast<__half *>(smem_raw);      // [PF_ROWS][D]
     __half * k_s = q_s + PF_ROWS * D;                         // [PF_TILE][D]
@@ -238,12 +243,10 @@ __device__ void prefill_block(const float * q, const __half * k, const __half * 
     for (int r = threadIdx.x; r < PF_ROWS; r += PF_THREADS) { m_s[r] = -INFINITY; l_s[r] = 0.0f; }
     __syncthreads();
 
-    const int n_cols = indices ? counts[tile_q] : p.n_kv;
-    for (int t0 = 0; t0 < n_cols; t0 += PF_TILE) {
+    for (int t0 = 0; t0 < p.n_kv; t0 += PF_TILE) {
         // which cache rows this tile covers, and whether any query row of the block sees one of them
         for (int c = threadIdx.x; c < PF_TILE; c += PF_THREADS) {
-            const int slot = t0 + c;
-            col_s[c] = slot < n_cols ? (indices ? indices[(long long) tile_q * cap + slot] : slot) : -1;
+            col_s[c] = t0 + c < p.n_kv ? t0 + c : -1;
         }
         __syncthreads();
         int live = 0;
@@ -337,9 +340,8 @@ __device__ void prefill_block(const float * q, const __half * k, const __half * 
 #define PREFILL_KERNEL(D)                                                                                 \
     extern "C" __global__ void __launch_bounds__(PF_THREADS)                                             \
     fattn_prefill_##D(const float * q, const __half * k, const __half * v, const float * mask,           \
-                      const float * sinks, const int * indices, const int * counts, int cap, float * out, \
-                      const AttnParams p) {                                                               \
-        prefill_block<D>(q, k, v, mask, sinks, indices, counts, cap, out, p);                            \
+                      const float * sinks, float * out, ATTN_PARAM_ARGS) {                                 \
+        prefill_block<D>(q, k, v, mask, sinks, out, ATTN_PARAMS);                                         \
     }
 
 PREFILL_KERNEL(64)
