@@ -61,10 +61,10 @@ def bench(
     paths = {m: resolve(m) for m in models}
     runs = core.instances(models, tests, axes)
     results, notes = _run_all(runs, paths, repetitions, not no_warmup, progress)
+    if not results:  # one sentence: why the first run could not start
+        raise InvalidInputError(notes[0].removeprefix("skipped: ") if notes else "nothing to run")
     for note in notes:
         err_console.print(note, markup=False)
-    if not results:
-        raise InvalidInputError(notes[0].removeprefix("skipped: ") if notes else "nothing to run")
     rows = [_fields(r, paths) for r in results]
     if output == "md":
         sys.stdout.write(_markdown(results, rows))

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from llmsuite.core.backend import get_backend
+from llmsuite.core.backend import default_cache_type, get_backend
 from llmsuite.core.context import ContextParams
 from llmsuite.core.memory import CACHE_TYPES, CTX_KINDS, KV_KINDS
 
@@ -18,19 +18,26 @@ Parallel = Annotated[int, typer.Option("-np", "--parallel", help="sequences the 
 Kv = Annotated[str, typer.Option("--kv", help=f"memory class: {'|'.join(KV_KINDS)}")]
 Ctx = Annotated[str, typer.Option("--ctx", help=f"context kind: {'|'.join(CTX_KINDS)}")]
 SwaFull = Annotated[bool, typer.Option("--swa-full", help="full-size window cache (allows position shifts)")]
-CacheTypeK = Annotated[str, typer.Option("-ctk", "--cache-type-k", help=f"K cache type: {'|'.join(CACHE_TYPES)}")]
-CacheTypeV = Annotated[str, typer.Option("-ctv", "--cache-type-v", help=f"V cache type: {'|'.join(CACHE_TYPES)}")]
+_CACHE_HELP = f"{'|'.join(CACHE_TYPES)} (default: f32 on cpu, f16 on cuda)"
+CacheTypeK = Annotated[Optional[str], typer.Option("-ctk", "--cache-type-k", help=f"K cache type: {_CACHE_HELP}")]
+CacheTypeV = Annotated[Optional[str], typer.Option("-ctv", "--cache-type-v", help=f"V cache type: {_CACHE_HELP}")]
 Backend = Annotated[str, typer.Option("--backend", help="compute backend: cpu (cuda with CuPy)")]
 Attn = Annotated[str, typer.Option("--attn", help="attention where masks are sparse: auto|dense|sparse")]
 
 
 def context_params(ctx_size: int, batch_size: int, ubatch_size: int, parallel: int, kv: str, ctx: str,
-                   swa_full: bool, cache_type_k: str, cache_type_v: str, backend: str = "cpu",
+                   swa_full: bool, cache_type_k: str | None, cache_type_v: str | None, backend: str = "cpu",
                    attn: str = "auto") -> ContextParams:
     """The flags as ContextParams, checked before any model is loaded."""
+    cache_type_k, cache_type_v = cache_types(backend, cache_type_k, cache_type_v)
     params = ContextParams(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size, n_seq_max=parallel,
                            type_k=cache_type_k, type_v=cache_type_v, swa_full=swa_full, kv=kv, ctx=ctx,
                            backend=backend, attn=attn)
     params.validate()
     get_backend(backend)  # an unavailable backend is refused before the model loads
     return params
+
+
+def cache_types(backend: str, type_k: str | None, type_v: str | None) -> tuple[str, str]:
+    """-ctk/-ctv as given, or the backend's default."""
+    return type_k or default_cache_type(backend), type_v or default_cache_type(backend)

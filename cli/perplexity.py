@@ -34,8 +34,8 @@ def perplexity(
     kv: opt.Kv = "auto",
     ctx_kind: opt.Ctx = "auto",
     swa_full: opt.SwaFull = False,
-    cache_type_k: opt.CacheTypeK = "f32",
-    cache_type_v: opt.CacheTypeV = "f32",
+    cache_type_k: opt.CacheTypeK = None,
+    cache_type_v: opt.CacheTypeV = None,
     backend: opt.Backend = "cpu",
     attn: opt.Attn = "auto",
     kl_base: Annotated[Optional[Path], typer.Option("--kl-divergence-base", help="file of base log-probabilities")] = None,
@@ -62,6 +62,7 @@ def perplexity(
     text = read_text_file(file) if base is None else None
     if text is not None and not text.strip():
         raise InvalidInputError(f"{file} is empty")
+    cache_type_k, cache_type_v = opt.cache_types(backend, cache_type_k, cache_type_v)
     opt.context_params(ctx_size, batch_size, min(ubatch_size, batch_size), 1, kv, ctx_kind, swa_full,
                        cache_type_k, cache_type_v, backend, attn)
     lm, _ = open_model(model, backend)

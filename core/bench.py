@@ -14,6 +14,7 @@ from typing import Callable
 
 import numpy as np
 
+from .backend import default_cache_type
 from .batch import Batch
 from .context import Context, ContextParams, DecodeStatus
 from .errors import InvalidInputError, LLMError
@@ -92,8 +93,13 @@ class Instance:
     attn: str = "auto"
     n_batch: int = 2048
     n_ubatch: int = 512
-    type_k: str = "f32"
-    type_v: str = "f32"
+    type_k: str = ""  # "": the backend's default cache type
+    type_v: str = ""
+
+    def __post_init__(self):
+        for name in ("type_k", "type_v"):
+            if not getattr(self, name):
+                object.__setattr__(self, name, default_cache_type(self.backend))
 
     def context_params(self) -> ContextParams:
         return ContextParams(n_ctx=self.test.n_prompt + self.test.n_gen + self.test.n_depth, n_batch=self.n_batch,

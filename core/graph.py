@@ -53,7 +53,8 @@ class Graph:
             return self.ops.flash_attn_ext(q, g.keys, g.values, g.mask, scale, n_kv_max=g.n_kv_max).reshape(len(q), -1)
         out = self.ops.xp.empty((len(q), q.shape[1], v.shape[2]), dtype=np.float32)
         for g in groups:  # one per cache stream
-            out[g.rows] = self.ops.flash_attn_ext(q[g.rows], g.keys, g.values, g.mask, scale, n_kv_max=g.n_kv_max)
+            rows = g.rows if isinstance(g.rows, slice) else self.ops.asarray(g.rows)
+            out[rows] = self.ops.flash_attn_ext(q[rows], g.keys, g.values, g.mask, scale, n_kv_max=g.n_kv_max)
         return out.reshape(len(q), -1)
 
     def ffn(self, x: np.ndarray, gate_up: np.ndarray, down: np.ndarray, act: str) -> np.ndarray:

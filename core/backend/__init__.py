@@ -4,7 +4,8 @@ from ..errors import InvalidInputError
 from .cpu import CPUBackend
 
 BACKENDS = ("cpu", "cuda")
-__all__ = ["BACKENDS", "CPUBackend", "BackendUnavailable", "available_backends", "cuda_unavailable_reason", "get_backend"]
+__all__ = ["BACKENDS", "CPUBackend", "BackendUnavailable", "available_backends", "cuda_unavailable_reason", "default_cache_type",
+           "get_backend"]
 
 
 class BackendUnavailable(InvalidInputError):
@@ -25,6 +26,11 @@ def cuda_unavailable_reason() -> str | None:
     except Exception as e:
         return f"no usable CUDA driver or device ({type(e).__name__}: {e})"
     return None
+
+
+def default_cache_type(backend: str) -> str:
+    """f16 where attention kernels read f16 rows (CUDA); f32 on the CPU, where it is the fastest."""
+    return "f16" if backend == "cuda" else "f32"
 
 
 def available_backends() -> list[str]:
