@@ -483,12 +483,15 @@ def _fa_cases(quick: bool) -> list[dict]:
 
 
 def _fa_perf_cases() -> list[dict]:
-    """Dense against sparse on the same long cache (the sparse masks keep n_kv_max keys per row)."""
-    return [fa_params(128, 128, 8, 1, 32768, 1, type_kv="f32", n_kv_max=n, path=p)
-            for n, p in ((0, "auto"), (1024, "dense"), (1024, "sparse"))] + \
-        [fa_params(128, 128, 8, 4, 32768, 8, type_kv="f16", n_kv_max=n, path=p)
-         for n, p in ((0, "auto"), (2048, "dense"), (2048, "sparse"))] + \
+    """Dense against sparse on the same long cache (the sparse masks keep n_kv_max keys per row),
+    at the sizes the CUDA issue sets targets for: head 128, 32 query / 8 KV heads, 32768 keys,
+    decode (1 query) and prefill (2048 queries), f16 K/V. The small first group suits a CPU."""
+    cpu_sized = [fa_params(128, 128, 8, 1, 32768, 1, type_kv="f32", n_kv_max=n, path=p)
+                 for n, p in ((0, "auto"), (1024, "dense"), (1024, "sparse"))] + \
         [fa_params(128, 128, 8, 4, 4096, 512, type_kv="f32")]
+    gpu_sized = [fa_params(128, 128, 8, 4, 32768, nb, type_kv="f16", n_kv_max=n, path=p)
+                 for nb in (1, 8, 2048) for n, p in ((0, "auto"), (2048, "dense"), (2048, "sparse"))]
+    return cpu_sized + gpu_sized
 
 
 register(Op(

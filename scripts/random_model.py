@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Write a random-weight GGUF with the shapes of a real model: same architecture, hparams, tensor
+shapes and weight types, so the same work per token. For speed checks where the real file cannot
+go (the GPU machine reaches no package index and takes 64 MiB of files); its text is gibberish.
+
+    python scripts/random_model.py smollm2-135m /tmp/smollm2-shaped.gguf [--ctx 40960]
+
+--ctx declares a longer trained context (not a shape: the speed per token is the same), so that
+llm bench accepts depths beyond the real model's 8192 positions.
+
+The tokenizer is a byte-level BPE with one merge and filler tokens up to the real vocabulary size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q, GGUFWriter, LlamaFileType as F, quants
+
+PRESETS = {
+    # SmolLM2-135M-Instruct.Q4_1.gguf: Q4_1 matrices, Q8_0 (tied) embeddings
+    "smollm2-135m": dict(arch="llama", n_vocab=49152, n_embd=576, n_layer=30, n_head=9, n_head_kv=3, head_dim=64,
+                         n_ff=1536, n_ctx=8192, rope_base=100000.0, eps=1e-5, matrix_type=Q.Q4_1, embd_type=Q.Q8_0,
+                         file_type=F.MOSTLY_Q4_1),
+    # gemma-3-270m-q4_k_m.gguf: mostly Q5_0 matrices (no K-quant writer in gguf-py), Q8_0 embeddings
+    "gemma3-270m": dict(arch="gemma3", n_vocab=262144, n_embd=640, n_layer=18, n_head=4, n_head_kv=1, head_dim=256,
+                        n_ff=2048, n_ctx=32768, rope_base=1e6, eps=1e-6, sliding_window=512,
+                        matrix_type=Q.Q5_0, embd_type=Q.Q8_0, file_type=F.MOSTLY_Q5_0),
+}
+
+
+def byte_level_tokens(n_vocab: int) -> list[str]:
+    """GPT-2's printable stand-ins for the 256 bytes, "ab" (the one merge), fillers, BOS and EOS."""
+    keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    shifted = iter(range(256, 512))
+    stand_in = {b: chr(b) if b in keep else chr(next(shifted)) for b in range(256)}
+    fill = ["ab"] + [f"<r{i}>" for i in range(n_vocab - 259)]
+    return [stand_in[b] for b in range(256)] + fill + ["<s>", "</s>"]
+
+
+def layer_tensors(p: dict, il: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    """name → (NumPy shape, "matrix" or "norm") for one block."""
+    e, hd, ff = p["n_embd"], p["head_dim"], p["n_ff"]
+    blk = f"blk.{il}"
+    out = {f"{blk}.attn_norm.weight": ((e,), "norm"),
+           f"{blk}.attn_q.weight": ((p["n_head"] * hd, e), "matrix"),
+           f"{blk}.attn_k.weight": ((p["n_head_kv"] * hd, e), "matrix"),
+           f"{blk}.attn_v.weight": ((p["n_head_kv"] * hd, e), "matrix"),
+           f"{blk}.attn_output.weight": ((e, p["n_head"] * hd), "matrix"),
+           f"{blk}.ffn_norm.weight": ((e,), "norm"),
+           f"{blk}.ffn_gate.weight": ((ff, e), "matrix"),
+           f"{blk}.ffn_up.weight": ((ff, e), "matrix"),
+           f"{blk}.ffn_down.weight": ((e, ff), "matrix")}
+    if p["arch"] == "gemma3":
+        out.update({f"{blk}.attn_q_norm.weight": ((hd,), "norm"), f"{blk}.attn_k_norm.weight": ((hd,), "norm"),
+                    f"{blk}.post_attention_norm.weight": ((e,), "norm"),
+                    f"{blk}.post_ffw_norm.weight": ((e,), "norm")})
+    return out
+
+
+def add_hparams(w: GGUFWriter, p: dict) -> None:
+    a = p["arch"]
+    w.add_context_length(p["n_ctx"])
+    w.add_embedding_length(p["n_embd"])
+    w.add_block_count(p["n_layer"])
+    w.add_feed_forward_length(p["n_ff"])
+    w.add_head_count(p["n_head"])
+    w.add_head_count_kv(p["n_head_kv"])
+    w.add_key_length(p["head_dim"])
+    w.add_value_length(p["head_dim"])
+    w.add_rope_freq_base(p["rope_base"])
+    w.add_layer_norm_rms_eps(p["eps"])
+    w.add_uint32(f"{a}.rope.dimension_count", p["head_dim"])
+    w.add_uint32(f"{a}.vocab_size", p["n_vocab"])
+    if "sliding_window" in p:
+        w.add_sliding_window(p["sliding_window"])
+
+
+def add_tokenizer(w: GGUFWriter, n_vocab: int) -> None:
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(byte_level_tokens(n_vocab))
+    w.add_token_types([1] * (n_vocab - 2) + [3, 3])
+    w.add_token_merges(["a b"])
+    w.add_bos_token_id(n_vocab - 2)
+    w.add_eos_token_id(n_vocab - 1)
+    w.add_add_bos_token(False)
+
+
+def random_tensor(rng: np.random.Generator, shape: tuple[int, ...], kind: str, qtype: Q):
+    """(data, raw dtype): norms near 1 in F32; matrices N(0, 1/n_in) quantized to qtype."""
+    if kind == "norm":
+        return (1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32), None
+    data = rng.standard_normal(shape, dtype=np.float32) * np.float32(1.0 / np.sqrt(shape[-1]))
+    return quants.quantize(data, qtype), qtype
+
+
+def write_random_model(preset: str, path: Path, seed: int = 0, n_ctx: int = 0) -> Path:
+    """The preset's model at `path`; n_ctx > 0 overrides the trained context length it declares."""
+    p = {**PRESETS[preset], **({"n_ctx": n_ctx} if n_ctx > 0 else {})}
+    rng = np.random.default_rng(seed)
+    w = GGUFWriter(str(path), p["arch"])
+    w.add_name(f"random {preset}-shaped model")
+    w.add_file_type(p["file_type"])
+    add_hparams(w, p)
+    add_tokenizer(w, p["n_vocab"])
+    tensors = {"token_embd.weight": ((p["n_vocab"], p["n_embd"]), "embd"), "output_norm.weight": ((p["n_embd"],), "norm")}
+    for il in range(p["n_layer"]):
+        tensors.update(layer_tensors(p, il))
+    for name, (shape, kind) in tensors.items():
+        qtype = p["embd_type"] if kind == "embd" else p["matrix_type"]
+        data, raw_dtype = random_tensor(rng, shape, kind, qtype)
+        w.add_tensor(name, data, raw_dtype=raw_dtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("preset", choices=sorted(PRESETS))
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ctx", type=int, default=0, help="declared context length (default: the real model's)")
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+    write_random_model(args.preset, args.out, args.seed, args.ctx)
+    print(f"wrote {args.out} ({args.out.stat().st_size / 2**20:.1f} MiB) in {time.perf_counter() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
