@@ -98,9 +98,10 @@ def random_tensor(rng: np.random.Generator, shape: tuple[int, ...], kind: str, q
     return quants.quantize(data, qtype), qtype
 
 
-def write_random_model(preset: str, path: Path, seed: int = 0, n_ctx: int = 0) -> Path:
-    """The preset's model at `path`; n_ctx > 0 overrides the trained context length it declares."""
-    p = {**PRESETS[preset], **({"n_ctx": n_ctx} if n_ctx > 0 else {})}
+def write_random_model(preset: str, path: Path, seed: int = 0, n_ctx: int = 0, **overrides) -> Path:
+    """The preset's model at `path`; n_ctx > 0 overrides the trained context length it declares,
+    `overrides` any other preset field (n_layer=2 for a small model of the same kind, say)."""
+    p = {**PRESETS[preset], **({"n_ctx": n_ctx} if n_ctx > 0 else {}), **overrides}
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), p["arch"])
     w.add_name(f"random {preset}-shaped model")

@@ -1,0 +1,95 @@
+"""The CUDA backend's host side, on a machine without a GPU: every launch it makes (test-ops cases
+and whole forward passes) matches its kernel's C signature, and what it computes without kernels
+(cuBLAS matmuls, the plain attention path, rows and selections) equals the references."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fake_cupy
+from llmsuite.core.ops import OPS
+from llmsuite.core.testops import run_test, select_cases
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+# ops whose answer comes from cuBLAS, CuPy algebra or plain copies: these must be right here too
+COMPUTED_WITHOUT_KERNELS = ("MUL_MAT(type_a=f32", "MUL_MAT(type_a=f16", "GET_ROWS(type=f32", "GET_ROWS(type=f16",
+                            "SET_ROWS(type=f32", "ADD(", "MUL(", "SCALE(", "TOP_K(", "FLASH_ATTN_EXT(hsk=40,",
+                            "FLASH_ATTN_EXT(hsk=80,", "FLASH_ATTN_EXT(hsk=96,", "FLASH_ATTN_EXT(hsk=192,")
+
+
+@pytest.fixture
+def cuda():
+    with fake_cupy.fake_cuda_backend() as module:
+        fake_cupy.RawModule.launches = []
+        yield module.CUDABackend()
+
+
+def test_signatures_are_parsed_from_the_sources():
+    from llmsuite.core.backend.kernels import kernel_source
+
+    sigs = fake_cupy.kernel_signatures(kernel_source("fattn.cu"))
+    decode = sigs["fattn_decode_128_128_8"]
+    assert len(decode) == 9 + 12 and decode[0] == ("float", True, True) and decode[6] == ("float", True, False)
+    assert decode[13] == ("long long", False, False) and sigs["fattn_prefill_256"][5] == ("float", True, False)
+    assert sigs["mask_to_indices"][-1] == ("int", True, False)
+
+
+def test_every_op_case_launches_its_kernels_as_declared(cuda):
+    results = [run_test(cuda, case) for case in select_cases(quick=True)]
+    launched = set(fake_cupy.RawModule.launches)
+    assert {"fattn_decode_64_64_16", "fattn_decode_576_512_2", "fattn_prefill_128", "fattn_combine",
+            "mask_to_indices", "dequant_q6_K", "soft_max_f32", "rope_f32", "set_rows_f16"} <= launched
+    exact = [r for r in results if r.case.startswith(COMPUTED_WITHOUT_KERNELS)]
+    assert len(exact) > 40
+    assert not [r.case for r in exact if not r.passed]
+    assert sum(not r.supported for r in results) == len([c for c in select_cases(quick=True)
+                                                         if c.op.name in ("SSM_CONV", "SSM_SCAN")
+                                                         or (c.op.name == "SET_ROWS" and c.params["type"][0] == "q")])
+
+
+def test_matmul_maps_row_major_onto_cublas(cuda):
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((5, 48), dtype=np.float32), rng.standard_normal((7, 48), dtype=np.float32)
+    expected = x.astype(np.float16).astype(np.float64) @ w.astype(np.float16).astype(np.float64).T
+    out = cuda.matmul(cuda.asarray(x), cuda.asarray(w.astype(np.float16)))
+    assert out.shape == (5, 7) and np.allclose(cuda.to_numpy(out), expected, rtol=1e-5, atol=1e-5)
+    buffer = cuda.xp.zeros((6, 7), dtype=np.float32)
+    cuda.matmul(cuda.asarray(x), cuda.asarray(w.astype(np.float16)), out=buffer[:5])
+    assert np.allclose(cuda.to_numpy(buffer[:5]), expected, rtol=1e-5, atol=1e-5) and not buffer[5].any()
+
+
+@pytest.mark.parametrize("preset, attn", [("smollm2-135m", "auto"), ("gemma3-270m", "sparse")])
+def test_forward_passes_launch_as_declared(cuda, tmp_path, preset, attn):
+    """A prompt (WMMA prefill, or the sparse gather under --attn sparse) shared by two sequences,
+    then decode steps (split-KV kernel; greedy and drawn tokens picked on the device)."""
+    from llmsuite.core.context import Context, ContextParams
+    from llmsuite.core.generation import generate
+    from llmsuite.core.models import load_model
+    from llmsuite.core.sampling import Sampler, SamplerParams
+
+    write = runpy.run_path(str(SCRIPTS / "random_model.py"))["write_random_model"]
+    extra = {"sliding_window": 8} if attn == "sparse" else {}
+    model = load_model(write(preset, tmp_path / "m.gguf", n_layer=2, n_vocab=512, **extra), backend="cuda")
+    ctx = Context(model, ContextParams(n_ctx=64, n_ubatch=16, n_seq_max=2, backend="cuda", attn=attn))
+    greedy, drawn = Sampler(SamplerParams(temp=0.0), ctx.backend), Sampler(SamplerParams(seed=1), ctx.backend)
+    generate(ctx, [greedy, drawn], list(range(3, 40)), n_predict=3)
+    head = 64 if preset == "smollm2-135m" else 256
+    decode = f"fattn_decode_{head}_{head}_{16 if head == 64 else 4}"
+    attention = {"mask_to_indices", decode} if attn == "sparse" else {f"fattn_prefill_{head}", decode}
+    assert attention | {"rms_norm_f32", "rope_f32", "get_rows_f16", "fattn_combine", "argmax_f32",
+                     "sample_cdf_f32", "swiglu_fused_f32" if head == 64 else "geglu_fused_f32"} \
+        <= set(fake_cupy.RawModule.launches)
+
+
+def test_the_fake_rejects_a_wrong_launch(cuda):
+    kernel = cuda.kernels["rms_norm_f32"]
+    x = cuda.xp.zeros((2, 64), dtype=np.float32)
+    with pytest.raises(AssertionError, match="argument 3"):
+        kernel((2,), (64,), (x, fake_cupy.np.uint64(0), x, 64, np.float32(1e-6)))  # a Python int for `int ncols`
+    with pytest.raises(AssertionError, match="array of float16"):
+        kernel((2,), (64,), (x.astype(np.float16), fake_cupy.np.uint64(0), x, np.int32(64), np.float32(1e-6)))
+    assert OPS  # the op registry is loaded (the fakes need no other state)
