@@ -35,7 +35,7 @@ def test_ops(
     if output not in ("console", "csv", "json"):
         raise InvalidInputError(f"unknown output '{output}' (console, csv or json)")
     if backend == "cuda" and cuda_unavailable_reason():
-        print(f"Backend cuda: skipped: no CUDA device ({cuda_unavailable_reason()})")
+        print(f"Backend cuda: skipped: no CUDA device (backend unavailable: {cuda_unavailable_reason()})")
         return
     backends = [get_backend(backend)] if backend else [get_backend(name) for name in available_backends()]
     cases = select_cases(op, params, quick=quick, perf=mode == "perf")

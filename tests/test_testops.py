@@ -96,4 +96,5 @@ def test_cli_bad_input(args, fragment):
 @pytest.mark.skipif(cuda_unavailable_reason() is None, reason="a CUDA device is present")
 def test_cli_cuda_without_a_device_is_skipped_with_the_reason():
     r = llm("-b", "cuda")
-    assert r.returncode == 0 and r.stdout.strip() == f"Backend cuda: skipped: no CUDA device ({cuda_unavailable_reason()})"
+    expected = f"Backend cuda: skipped: no CUDA device (backend unavailable: {cuda_unavailable_reason()})"
+    assert r.returncode == 0 and r.stdout.strip() == expected and not r.stderr
