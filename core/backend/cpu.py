@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..quants import dequantize, quantize_rows
+from .algebra import ArrayAlgebra
 
 # Query rows per attention block: bounds the score matrix and lets causal blocks skip future keys.
 ATTN_BLOCK = 128
@@ -49,7 +50,7 @@ def compact_mask(mask: np.ndarray, n_kv_max: int) -> tuple[np.ndarray, np.ndarra
     return idx, sel_mask
 
 
-class CPUBackend:
+class CPUBackend(ArrayAlgebra):
     name = "cpu"
     xp = np
 
@@ -143,18 +144,6 @@ class CPUBackend:
         centred = x - x.mean(axis=-1, keepdims=True, dtype=np.float32)
         var = np.mean(np.square(centred), axis=-1, keepdims=True, dtype=np.float32)
         return centred / np.sqrt(var + np.float32(eps))
-
-    @staticmethod
-    def add(a, b):
-        return a + b
-
-    @staticmethod
-    def mul(a, b):
-        return a * b
-
-    @staticmethod
-    def scale(a, s: float):
-        return a * np.float32(s)
 
     # ---- activations ---------------------------------------------------------------------
 

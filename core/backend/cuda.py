@@ -17,6 +17,7 @@ from cupy_backends.cuda.libs import cublas
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from ..quants import dequantize
+from .algebra import ArrayAlgebra
 from .cpu import SPARSE_MIN_KV, alibi_slopes
 from .kernels import (DEQUANT_KERNELS, GATHER_SHAPES, KERNEL_FILES, PF_ROWS, PREFILL_DIMS, KernelCompileError,
                       cuda_include_dirs, kernel_file, kernel_source, prefill_smem_bytes)
@@ -73,7 +74,7 @@ def _alibi_args(n_head: int, max_bias: float) -> tuple:
     return np.float32(max_bias), np.float32(m0), np.float32(m1), np.int32(n_head_log2)
 
 
-class CUDABackend:
+class CUDABackend(ArrayAlgebra):
     name = "cuda"
     xp = cp
 
@@ -221,18 +222,6 @@ class CUDABackend:
             ncols = x.shape[-1]
             self._launch("norm_f32", (x.size // ncols,), _row_threads(ncols), (x, y, np.int32(ncols), np.float32(eps)))
         return y
-
-    @staticmethod
-    def add(a, b):
-        return a + b
-
-    @staticmethod
-    def mul(a, b):
-        return a * b
-
-    @staticmethod
-    def scale(a, s: float):
-        return a * np.float32(s)
 
     # ---- activations ---------------------------------------------------------------------
 
