@@ -88,40 +88,35 @@ __device__ __forceinline__ void k_scale_min(int j, const unsigned char * q, int 
     }
 }
 
-// q4_K: 256 values as 8 sub-blocks of 32; thread t handles sub-block t % 8 of super-block t / 8.
-extern "C" __global__ void dequant_q4_K(const unsigned char * src, __half * dst, long long n_blocks) {
+// q4_K and q5_K: 256 values as 8 sub-blocks of 32; thread t handles sub-block t % 8 of super-block
+// t / 8. q5_K adds one high bit per value (bit j of qh[l]) between the scales and the nibbles.
+template <bool HIGH_BIT>
+__device__ __forceinline__ void dequant_k_nibbles(const unsigned char * src, __half * dst, long long n_blocks) {
+    constexpr int BLOCK_BYTES = HIGH_BIT ? 176 : 144, QS_OFFSET = HIGH_BIT ? 48 : 16;
     const long long t = (long long) blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n_blocks * 8) return;
     const long long b = t / 8;
     const int j = t % 8;
-    const unsigned char * blk = src + b * 144;
-    const float d = load_f16(blk), dmin = load_f16(blk + 2);
-    int sc, mn;
-    k_scale_min(j, blk + 4, sc, mn);
-    const unsigned char * qs = blk + 16 + (j / 2) * 32;
-    __half * out = dst + b * QK_K + j * 32;
-    const float d1 = d * sc, m1 = dmin * mn;
-    for (int l = 0; l < 32; ++l) out[l] = __float2half(d1 * ((j % 2 ? qs[l] >> 4 : qs[l] & 0x0F)) - m1);
-}
-
-// q5_K: like q4_K plus one high bit per value (bit j of qh[l]).
-extern "C" __global__ void dequant_q5_K(const unsigned char * src, __half * dst, long long n_blocks) {
-    const long long t = (long long) blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n_blocks * 8) return;
-    const long long b = t / 8;
-    const int j = t % 8;
-    const unsigned char * blk = src + b * 176;
+    const unsigned char * blk = src + b * BLOCK_BYTES;
     const float d = load_f16(blk), dmin = load_f16(blk + 2);
     int sc, mn;
     k_scale_min(j, blk + 4, sc, mn);
     const unsigned char * qh = blk + 16;
-    const unsigned char * qs = blk + 48 + (j / 2) * 32;
+    const unsigned char * qs = blk + QS_OFFSET + (j / 2) * 32;
     __half * out = dst + b * QK_K + j * 32;
     const float d1 = d * sc, m1 = dmin * mn;
     for (int l = 0; l < 32; ++l) {
-        const int q = (j % 2 ? qs[l] >> 4 : qs[l] & 0x0F) + (((qh[l] >> j) & 1) << 4);
+        const int q = (j % 2 ? qs[l] >> 4 : qs[l] & 0x0F) + (HIGH_BIT ? ((qh[l] >> j) & 1) << 4 : 0);
         out[l] = __float2half(d1 * q - m1);
     }
+}
+
+extern "C" __global__ void dequant_q4_K(const unsigned char * src, __half * dst, long long n_blocks) {
+    dequant_k_nibbles<false>(src, dst, n_blocks);
+}
+
+extern "C" __global__ void dequant_q5_K(const unsigned char * src, __half * dst, long long n_blocks) {
+    dequant_k_nibbles<true>(src, dst, n_blocks);
 }
 
 // q6_K: 128 low-nibble bytes, 64 high-2-bit bytes, 16 int8 scales, f16 d. Value y (0..255) sits in
