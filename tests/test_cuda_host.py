@@ -93,3 +93,67 @@ def test_the_fake_rejects_a_wrong_launch(cuda):
     with pytest.raises(AssertionError, match="array of float16"):
         kernel((2,), (64,), (x.astype(np.float16), fake_cupy.np.uint64(0), x, np.int32(64), np.float32(1e-6)))
     assert OPS  # the op registry is loaded (the fakes need no other state)
+
+
+HOST_SHIM = r"""
+#include <cstdint>
+#include <cstring>
+struct Index { long long x = 0; };
+static Index blockIdx, threadIdx, blockDim;
+#define __global__
+#define __device__
+#define __forceinline__ inline
+typedef uint16_t __half;
+inline float __half2float(__half h) { _Float16 f; memcpy(&f, &h, 2); return (float) f; }
+inline __half __float2half(float x) { _Float16 f = (_Float16) x; __half h; memcpy(&h, &f, 2); return h; }
+inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+inline float load_f16(const unsigned char * p) { return __half2float(*reinterpret_cast<const __half *>(p)); }
+"""
+
+
+@pytest.fixture(scope="module")
+def dequant_on_host(tmp_path_factory):
+    """cuda/dequant.cu built for the CPU (thread indices emulated, __half as IEEE binary16), so its
+    arithmetic can be checked without a GPU."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    from llmsuite.core.backend.kernels import KERNEL_DIR
+
+    compiler = shutil.which("g++")
+    assert compiler, "g++ is needed to check the dequantization kernels on the host"
+    folder = tmp_path_factory.mktemp("dequant")
+    source = (KERNEL_DIR / "dequant.cu").read_text().replace('#include "common.cuh"', HOST_SHIM)
+    source += 'extern "C" void launch(void (*kernel)(const unsigned char *, __half *, long long), ' \
+              'const unsigned char * s, __half * d, long long n, long long threads) {\n' \
+              '    blockDim.x = 1;\n    for (long long t = 0; t < threads; ++t) { blockIdx.x = t; kernel(s, d, n); }\n}\n'
+    (folder / "dequant.cpp").write_text(source)
+    subprocess.run([compiler, "-O1", "-shared", "-fPIC", "-std=c++17", "-o", str(folder / "dequant.so"),
+                    str(folder / "dequant.cpp")], check=True, capture_output=True)
+    return ctypes.CDLL(str(folder / "dequant.so"))
+
+
+def test_dequant_kernels_expand_exactly_what_gguf_does(dequant_on_host):
+    import ctypes
+
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+
+    from llmsuite.core.backend.kernels import DEQUANT_KERNELS
+    from llmsuite.core.ops import random_weight
+    from llmsuite.core.quants import dequantize
+
+    rng = np.random.default_rng(0)
+    for qt, (name, threads_per_block) in DEQUANT_KERNELS.items():
+        raw = np.ascontiguousarray(random_weight(rng, qt.name.lower().replace("_k", "_K"), 16, 512)).reshape(-1).view(np.uint8)
+        n_blocks = 16 * 512 // GGML_QUANT_SIZES[qt][0]
+        out = np.zeros(16 * 512, np.float16)
+        dequant_on_host.launch(getattr(dequant_on_host, name), raw.ctypes.data_as(ctypes.c_void_p),
+                               out.ctypes.data_as(ctypes.c_void_p), ctypes.c_longlong(n_blocks),
+                               ctypes.c_longlong(n_blocks * threads_per_block))
+        assert np.array_equal(out, dequantize(raw, qt, out.size).astype(np.float16)), name
+    bf16 = (rng.standard_normal(1000).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    out = np.zeros(1000, np.float16)
+    dequant_on_host.launch(dequant_on_host.convert_bf16, bf16.ctypes.data_as(ctypes.c_void_p),
+                           out.ctypes.data_as(ctypes.c_void_p), ctypes.c_longlong(1000), ctypes.c_longlong(1000))
+    assert np.array_equal(out, dequantize(bf16.view(np.uint8), T.BF16, 1000).astype(np.float16))
