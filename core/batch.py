@@ -12,6 +12,10 @@ import numpy as np
 
 from .errors import InvalidInputError
 
+# Positions are 32-bit, as in llama.cpp; this bound keeps every position plus a batch or a shift
+# clear of overflow.
+POS_LIMIT = 1 << 30
+
 
 @dataclass
 class Batch:
@@ -93,8 +97,11 @@ class BatchAllocator:
         for s in np.unique(seq_id):
             idx = np.flatnonzero(seq_id == s)
             last = memory.seq_pos_max(int(s)) if memory is not None else -1
+            start = int(pos[idx[0]]) if given else last + 1
+            if start + len(idx) > POS_LIMIT:
+                raise InvalidInputError(f"sequence {s} would pass the largest position {POS_LIMIT - 1}")
             if not given:
-                pos[idx] = np.arange(last + 1, last + 1 + len(idx))
+                pos[idx] = np.arange(start, start + len(idx))
                 continue
             seq_pos = pos[idx]
             if seq_pos[0] < 0:

@@ -12,14 +12,18 @@ import numpy as np
 
 from .backend import get_backend
 from .batch import Batch, BatchAllocator
-from .errors import InvalidInputError
+from .errors import InvalidInputError, excerpt
 from .graph import Graph
 from .memory import MemoryParams, MemoryStatus
 from .models.base import Model
 from .statefile import StateFileError, StateReader, StateWriter
 
 STATE_MAGIC, SEQ_STATE_MAGIC = b"LLMSTATE", b"LLMSEQST"
-STATE_VERSION = 1
+# A state file: magic, version, architecture, model fingerprint, memory kind, the tokens (for
+# --prompt-cache: sequence 0's, or the saved sequence's, at positions 0..n-1), the memory's own
+# fields, and a CRC-32 of all that. Keys are stored rotated to the positions recorded: a pending
+# K-shift is applied before writing, so no shift is saved.
+STATE_VERSION = 2
 ATTN_PATHS = ("auto", "dense", "sparse")
 
 
@@ -103,6 +107,7 @@ class Context:
         """Run a batch; on failure memory is as before (or, mid-batch, keeps the ubatches done)."""
         t0 = time.perf_counter()
         self.last_error = ""
+        self._invalidate_outputs()
         if len(batch) > self.params.n_batch:
             return self._fail(DecodeStatus.INVALID_BATCH,
                               f"the batch has {len(batch)} tokens, more than -b {self.params.n_batch}")
@@ -143,6 +148,12 @@ class Context:
         self.perf.add(len(batch), time.perf_counter() - t0)
         return DecodeStatus.OK
 
+    def _invalidate_outputs(self) -> None:
+        """Outputs belong to one decode: a failed decode leaves none (its ubatches may have
+        overwritten rows of the shared buffer), as llama_decode resets them when it starts."""
+        self.logits = self.logits[:0]
+        self.output_ids = np.empty(0, dtype=np.int64)
+
     def _logits_buffer(self, n_rows: int) -> np.ndarray:
         """Rows for this decode's logits, reusing one buffer (logits stay valid until the next decode)."""
         n_vocab = self.model.hparams.n_vocab
@@ -167,6 +178,8 @@ class Context:
 
     def get_logits(self, i: int = -1) -> np.ndarray:
         """Logits of batch index i of the last decode (-1: the last output); valid until the next decode."""
+        if self.last_error:
+            raise InvalidInputError(f"no logits: the last decode failed ({self.last_error})")
         if i < 0:
             if len(self.logits) == 0:
                 raise InvalidInputError("the last batch produced no logits")
@@ -179,7 +192,11 @@ class Context:
     # ---- state files ---------------------------------------------------------------------
 
     def state_bytes(self, tokens=(), seq: int | None = None) -> bytes:
-        """The memory (whole, or one sequence) with the tokens it holds, as bytes."""
+        """The memory (whole, or one sequence) with the tokens it holds, as bytes.
+
+        A pending K-shift is applied first: state files hold keys at the positions they record
+        and carry no shift of their own."""
+        self.memory.update(self.shift_keys)
         w = StateWriter()
         w.parts.append(STATE_MAGIC if seq is None else SEQ_STATE_MAGIC)
         w.u32(STATE_VERSION)
@@ -200,18 +217,25 @@ class Context:
         version = r.u32("the version")
         if version != STATE_VERSION:
             raise r.fail(f"state version {version} is not supported (this build reads {STATE_VERSION})")
+        r.verify_checksum()
         arch, fp = r.str("the architecture"), r.str("the model fingerprint")
         if arch != self.model.arch or fp != self.model.fingerprint:
-            raise r.fail(f"it was saved from another model ({arch}, {fp[:8]}), not {self.model.name} "
-                         f"({self.model.arch}, {self.model.fingerprint[:8]})")
+            raise r.fail(f"it was saved from another model ({excerpt(arch)}, {excerpt(fp[:8])}), not "
+                         f"{self.model.name} ({self.model.arch}, {self.model.fingerprint[:8]})")
         r.expect("the memory kind", r.str("the memory kind"), self.memory.kind)
-        tokens = r.array("the tokens", np.int32).tolist()
+        tokens = r.array("the tokens", np.int32)
+        if tokens.ndim != 1 or np.any((tokens < 0) | (tokens >= self.model.hparams.n_vocab)):
+            raise r.fail("the token list holds ids outside the vocabulary")
         if seq is not None and not 0 <= seq < self.params.n_seq_max:
             raise InvalidInputError(f"sequence {seq} is out of range (-np {self.params.n_seq_max})")
-        commit = self.memory.state_read(r, seq)
+        loaded = self.memory.state_read(r, seq)
         r.done()
-        commit()
-        return tokens
+        described = 0 if seq is None else seq
+        if len(tokens) and loaded.pos_max.get(described, -1) != len(tokens) - 1:
+            raise r.fail(f"its {len(tokens)} tokens do not match sequence {described}, which ends at "
+                         f"position {loaded.pos_max.get(described, -1)}")
+        loaded.commit()
+        return tokens.tolist()
 
     def save_state(self, path: str | Path, tokens=()) -> None:
         Path(path).write_bytes(self.state_bytes(tokens))

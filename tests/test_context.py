@@ -50,18 +50,37 @@ def test_lm_head_runs_on_output_rows_only():
         ctx.get_logits(3)
 
 
-def test_failure_in_a_ubatch_keeps_earlier_ubatches():
+def fail_on_ubatch(n: int):
+    """An observer that raises MemoryError when the n-th ubatch reaches the output norm."""
     calls = {"n": 0}
 
-    def fail_on_third_ubatch(name, ub, x):
+    def observer(name, ub, x):
         if name == "result_norm":
             calls["n"] += 1
-            if calls["n"] == 3:
+            if calls["n"] == n:
                 raise MemoryError("simulated")
+    return observer
 
-    ctx = Context(tiny_gemma3(), ContextParams(n_ctx=64, n_ubatch=4), observer=fail_on_third_ubatch)
+
+def test_failure_in_a_ubatch_keeps_earlier_ubatches():
+    ctx = Context(tiny_gemma3(), ContextParams(n_ctx=64, n_ubatch=4), observer=fail_on_ubatch(3))
     batch = Batch.from_tokens(list(range(12)), all_outputs=True)
     assert ctx.decode(batch) == DecodeStatus.COMPUTE_FAILED
     assert ctx.memory.seq_pos_max(0) == 7  # ubatches 0 and 1 stay, ubatch 2's positions are gone
     ctx.observer = None
-    assert ctx.decode(Batch.from_tokens(list(range(8, 12)))) == DecodeStatus.OK
+    assert ctx.decode(Batch.from_tokens(list(range(8, 12)), all_outputs=True)) == DecodeStatus.OK
+    clean = Context(tiny_gemma3(), ContextParams(n_ctx=64, n_ubatch=4))
+    assert clean.decode(batch) == DecodeStatus.OK
+    np.testing.assert_allclose(ctx.logits, clean.logits[8:], atol=1e-5, rtol=0)
+
+
+def test_outputs_of_a_failed_decode_cannot_be_read():
+    ctx = Context(tiny_gemma3(), ContextParams(n_ctx=64, n_ubatch=4), observer=fail_on_ubatch(2))
+    assert ctx.decode(Batch.from_tokens([1, 2, 3], all_outputs=True)) == DecodeStatus.OK
+    assert ctx.decode(Batch.from_tokens(list(range(3, 11)), all_outputs=True)) == DecodeStatus.COMPUTE_FAILED
+    for i in (0, -1):
+        with pytest.raises(InvalidInputError, match="the last decode failed"):
+            ctx.get_logits(i)
+    assert ctx.decode(Batch.from_tokens([1, 2], pos0=99)) == DecodeStatus.INVALID_BATCH
+    with pytest.raises(InvalidInputError, match="the last decode failed"):
+        ctx.get_logits(0)

@@ -91,3 +91,16 @@ def test_prompt_cache_reuses_the_matching_prefix(tmp_path):
     again_ctx = Context(model, ContextParams(n_ctx=256))
     again = generate(again_ctx, greedy(), prompt, n_predict=6, prompt_cache=cache)[0].tokens
     assert again == first and again_ctx.perf.n_p_eval + again_ctx.perf.n_eval == 1 + 5  # only the last prompt token
+
+
+def test_parallel_sequences_outgrow_the_window_cache():
+    """-np 2 over a 300-token prompt on a 256-cell window cache: the shared prompt cells that left
+    every sequence's window are reused, and both sequences generate what one would alone."""
+    params = dict(n_ctx=1024, n_ubatch=32)
+    prompt = list(range(1000, 1300))
+    ctx = Context(tiny_gemma3(), ContextParams(n_seq_max=2, **params))
+    assert ctx.memory.swa.kv_size == 256
+    results = generate(ctx, [greedy(), greedy()], prompt, n_predict=8)
+    alone = generate(Context(tiny_gemma3(), ContextParams(**params)), greedy(), prompt, n_predict=8)[0]
+    assert [r.stop for r in results] == ["length", "length"]
+    assert results[0].tokens == results[1].tokens == alone.tokens

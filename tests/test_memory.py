@@ -158,7 +158,7 @@ def test_state_round_trip(type_name):
     commit(cache, [3, 1, 4, 1, 5])
     data = snapshot(cache)
     other = KVCache(LAYERS, kv_size=16, type_k=type_name, type_v=type_name)
-    other.state_read(StateReader(data, "test"))()
+    other.state_read(StateReader(data, "test")).commit()
     assert snapshot(other) == data
     np.testing.assert_allclose(other.k[1].read(0, 5)[:, 0], [3, 1, 4, 1, 5], rtol=0.1)
 
@@ -194,5 +194,5 @@ def test_no_kv_memory_keeps_histories():
     assert mem.seq_rm(0, 11, 12) and mem.history(0)[0].tolist() == [5, 7]
     data = snapshot(mem)
     fresh = NoKVMemory(n_seq_max=2)
-    fresh.state_read(StateReader(data, "test"))()
+    fresh.state_read(StateReader(data, "test")).commit()
     assert snapshot(fresh) == data

@@ -36,6 +36,14 @@ class AttnGroup:
     n_kv_max: int = 0  # bound on the finite entries of any mask row (0: no promise)
 
 
+@dataclass
+class LoadedState:
+    """A state read and checked but not applied yet: `commit()` applies it and cannot fail;
+    `pos_max` is the last position each sequence holds in it (-1: none)."""
+    commit: Callable[[], None]
+    pos_max: dict[int, int]
+
+
 class MemoryContext(ABC):
     """The plan for one batch: its ubatches and where each one goes."""
 
@@ -109,8 +117,8 @@ class Memory(ABC):
     def state_write(self, w: StateWriter, seq: int | None = None) -> None: ...
 
     @abstractmethod
-    def state_read(self, r: StateReader, seq: int | None = None) -> Callable[[], None]:
-        """Read and check a state; return the function that applies it (nothing changes before)."""
+    def state_read(self, r: StateReader, seq: int | None = None) -> LoadedState:
+        """Read and check a state, deciding everything its commit needs (nothing changes before)."""
 
 
 def open_range(p0: int, p1: int) -> tuple[int, int]:

@@ -75,7 +75,7 @@ def create_memory(hp, arch: str, p: MemoryParams, xp=np) -> Memory:
     layers = {il: LayerShape(hp.n_head_kv, hp.head_dim_k, hp.head_dim_v) for il in range(hp.n_layer)}
     swa = dict(n_swa=hp.n_swa, swa_layers=hp.swa_layers) if has_swa else {}
     if kv == "none":
-        return NoKVMemory(p.n_seq_max, **swa)
+        return NoKVMemory(p.n_seq_max, n_vocab=hp.n_vocab, **swa)
     if kv == "iswa":
         return KVCacheISWA(layers, set(hp.swa_layers), p.n_ctx, hp.n_swa, p.n_ubatch, p.n_seq_max,
                            p.type_k, p.type_v, p.swa_full, xp=xp)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..batch import BatchAllocator
 from ..errors import InvalidInputError
 from ..statefile import StateReader, StateWriter
-from .base import KeyShifter, Memory, MemoryContext, MemoryStatus
+from .base import KeyShifter, LoadedState, Memory, MemoryContext, MemoryStatus
 from .kv_cache import KVCache, KVCacheContext, LayerShape
 
 PAD = 256
@@ -93,9 +93,12 @@ class KVCacheISWA(Memory):
         for child in self.children:
             child.state_write(w, seq)
 
-    def state_read(self, r: StateReader, seq: int | None = None):
-        commits = [child.state_read(r, seq) for child in self.children]
-        return lambda: [commit() for commit in commits]
+    def state_read(self, r: StateReader, seq: int | None = None) -> LoadedState:
+        """Both caches are read and placed before either is written, so a load applies whole or not at all."""
+        base, window = (child.state_read(r, seq) for child in self.children)
+        if base.pos_max != window.pos_max:
+            raise r.fail("the full and the window cache end at different positions")
+        return LoadedState(lambda: (base.commit(), window.commit()), base.pos_max)
 
 
 class ISWAContext(MemoryContext):

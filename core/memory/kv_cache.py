@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..batch import BatchAllocator, UBatch
+from ..batch import POS_LIMIT, BatchAllocator, UBatch
 from ..errors import InvalidInputError
 from ..statefile import StateReader, StateWriter
-from .base import AttnGroup, KeyShifter, Memory, MemoryContext, MemoryStatus, open_range
+from .base import AttnGroup, KeyShifter, LoadedState, Memory, MemoryContext, MemoryStatus, open_range
 from .storage import KVStorage
 
 
@@ -154,14 +154,12 @@ class KVCache(Memory):
         return idxs if len(idxs) == n else None
 
     def _out_of_window(self, cells: KVCells) -> np.ndarray:
-        """Cells of a single sequence that its next token already masks out of the window."""
-        single = (cells.pos >= 0) & (cells.seq.sum(axis=1) == 1)
-        reusable = np.zeros(cells.size, dtype=bool)
-        if single.any():
-            owner = cells.seq[single].argmax(axis=1)
-            next_pos = np.array([cells.seq_pos_max(s) + 1 for s in range(self.n_seq_max)])
-            reusable[single] = next_pos[owner] - cells.pos[single] >= self.n_swa
-        return reusable
+        """Cells that the next token of every sequence holding them already masks out of the window
+        (never a sequence's last cell, which says where it continues)."""
+        occupied = cells.pos >= 0
+        next_pos = np.array([cells.seq_pos_max(s) + 1 for s in range(self.n_seq_max)], dtype=np.int64)
+        nearest = np.where(cells.seq, next_pos[None, :], np.iinfo(np.int64).max).min(axis=1)
+        return occupied & (nearest - cells.pos >= max(self.n_swa, 2))
 
     def apply_ubatch(self, slot, ub: UBatch) -> None:
         streams, cell_idx = slot
@@ -171,10 +169,9 @@ class KVCache(Memory):
 
     def _place(self, st: int, idxs: np.ndarray, pos: np.ndarray, seq: np.ndarray) -> None:
         cells = self.cells[st]
-        evicted_max: dict[int, int] = {}
-        for idx in idxs[cells.pos[idxs] >= 0]:
-            owner = int(cells.seq[idx].argmax())
-            evicted_max[owner] = max(evicted_max.get(owner, -1), int(cells.pos[idx]))
+        evicted = idxs[cells.pos[idxs] >= 0]
+        owners, where = np.nonzero(cells.seq[evicted].T)  # every (sequence, evicted cell) pair
+        evicted_max = {int(s): int(cells.pos[evicted[where[owners == s]]].max()) for s in np.unique(owners)}
         cells.free(idxs)
         cells.pos[idxs] = pos
         cells.seq[idxs, seq] = True
@@ -294,6 +291,8 @@ class KVCache(Memory):
         r.expect("the cached layers", layers.tolist(), sorted(self.layers))
 
     def state_write(self, w: StateWriter, seq: int | None = None) -> None:
+        if any(np.any(cells.shift[cells.pos >= 0]) for cells in self.cells):
+            raise RuntimeError("a K-shift is pending: apply it (update) before writing the state")
         self._write_header(w)
         for st in (range(self.n_stream) if seq is None else [self.stream_of(seq)]):
             cells = self.cells[st]
@@ -305,6 +304,51 @@ class KVCache(Memory):
                 w.array(self.k[il].raw(st, idxs))
                 w.array(self.v[il].raw(st, idxs))
 
+    def state_read(self, r: StateReader, seq: int | None = None) -> LoadedState:
+        """Read and check every stream; for one sequence also choose its cells now, so that the
+        commit only writes."""
+        self._check_header(r, seq)
+        streams = [self._read_stream(r, st, seq) for st in (range(self.n_stream) if seq is None
+                                                             else [self.stream_of(seq)])]
+        if seq is None:
+            pos_max = {s: max((int(pos[member[:, s]].max(initial=-1)) for _, _, pos, member, _ in streams),
+                              default=-1) for s in range(self.n_seq_max)}
+            return LoadedState(lambda: self._commit_full(streams), pos_max)
+        st, _, pos, _, rows = streams[0]
+        idxs = self._cells_for_sequence(st, seq, len(pos))
+        return LoadedState(lambda: self._commit_seq(st, seq, idxs, pos, rows),
+                           {seq: int(pos.max(initial=-1))})
+
+    def _read_stream(self, r: StateReader, st: int, seq: int | None):
+        idxs = r.array("the cell indices", np.int32)
+        if idxs.ndim != 1:
+            raise r.fail("the cell indices are not a list")
+        n = len(idxs)
+        pos = r.array("the cell positions", np.int32, (n,))
+        member = r.array("the cell sequences", bool, (n, self.n_seq_max if seq is None else 1))
+        check_cells(r, idxs, pos, member, self.kv_size if seq is None else None)
+        if seq is None and self.n_stream > 1 and np.delete(member, st, axis=1).any():
+            raise r.fail(f"stream {st} holds cells of other sequences")
+        return st, idxs, pos, member, self._read_rows(r, n)
+
+    def _cells_for_sequence(self, st: int, seq: int, n: int) -> np.ndarray:
+        """Where a loaded sequence's n cells go: its own old cells, free ones, and (in a window
+        cache) cells out of every owner's window; InvalidInputError when they do not fit."""
+        cells = self.cells[st]
+        snap = cells.snapshot()
+        try:
+            cells.seq_rm(seq, 0, np.iinfo(np.int32).max)
+            usable = cells.pos < 0
+            if self.reuses_cells:
+                usable |= self._out_of_window(cells)
+            idxs = np.flatnonzero(usable)[:n]
+        finally:
+            cells.restore(snap)
+        if len(idxs) < n:
+            raise InvalidInputError(f"no room for the {n} saved cells of sequence {seq} "
+                                    f"({len(idxs)} usable cells)")
+        return idxs
+
     def _read_rows(self, r: StateReader, n: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         rows = {}
         for il in sorted(self.layers):
@@ -314,19 +358,6 @@ class KVCache(Memory):
             rows[il] = (k, v)
         return rows
 
-    def state_read(self, r: StateReader, seq: int | None = None):
-        self._check_header(r, seq)
-        streams = []
-        for st in (range(self.n_stream) if seq is None else [self.stream_of(seq)]):
-            idxs = r.array("the cell indices", np.int32)
-            n = len(idxs)
-            if np.any((idxs < 0) | (idxs >= self.kv_size)):
-                raise r.fail("a cell index is outside the cache")
-            pos = r.array("the cell positions", np.int32, (n,))
-            member = r.array("the cell sequences", bool, (n, self.n_seq_max if seq is None else 1))
-            streams.append((st, idxs, pos, member, self._read_rows(r, n)))
-        return lambda: self._commit_full(streams) if seq is None else self._commit_seq(seq, streams[0])
-
     def _commit_full(self, streams) -> None:
         self.clear()
         for st, idxs, pos, member, rows in streams:
@@ -335,25 +366,33 @@ class KVCache(Memory):
             self._write_rows(st, idxs, rows)
             self.heads[st] = int(idxs[-1]) + 1 if len(idxs) else 0
 
-    def _commit_seq(self, seq: int, stream) -> None:
-        st, _, pos, _, rows = stream
-        cells = self.cells[st]
-        snap = cells.snapshot()
-        cells.seq_rm(seq, 0, np.iinfo(np.int32).max)
-        free = np.flatnonzero(cells.pos < 0)
-        if len(free) < len(pos):
-            cells.restore(snap)
-            raise InvalidInputError(f"no room for the {len(pos)} saved cells of sequence {seq} "
-                                    f"({len(free)} free cells)")
-        idxs = free[: len(pos)]
-        cells.pos[idxs] = pos
-        cells.seq[idxs, seq] = True
+    def _commit_seq(self, st: int, seq: int, idxs: np.ndarray, pos: np.ndarray, rows) -> None:
+        self.cells[st].seq_rm(seq, 0, np.iinfo(np.int32).max)
+        if len(idxs):
+            self._place(st, idxs, pos, np.full(len(idxs), seq))
         self._write_rows(st, idxs, rows)
 
     def _write_rows(self, st: int, idxs: np.ndarray, rows) -> None:
         for il, (k, v) in rows.items():
             self.k[il].set_raw(st, idxs, k)
             self.v[il].set_raw(st, idxs, v)
+
+
+def check_cells(r: StateReader, idxs: np.ndarray, pos: np.ndarray, member: np.ndarray, kv_size: int | None) -> None:
+    """A stream's saved cells must be distinct cells of the cache, at valid positions, each held by
+    a sequence that holds no other cell at the same position."""
+    if len(np.unique(idxs)) != len(idxs):
+        raise r.fail("a cell index appears twice")
+    if np.any(idxs < 0) or (kv_size is not None and np.any(idxs >= kv_size)):
+        raise r.fail("a cell index is outside the cache")
+    if np.any((pos < 0) | (pos >= POS_LIMIT)):
+        raise r.fail(f"a cell position is outside 0..{POS_LIMIT - 1}")
+    if len(member) and not member.any(axis=1).all():
+        raise r.fail("a cell belongs to no sequence")
+    for s in range(member.shape[1]):
+        held = pos[member[:, s]]
+        if len(np.unique(held)) != len(held):
+            raise r.fail("a sequence holds two cells at the same position")
 
 
 class KVCacheContext(MemoryContext):

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..batch import BatchAllocator, UBatch
+from ..batch import POS_LIMIT, BatchAllocator, UBatch
 from ..statefile import StateReader, StateWriter
-from .base import AttnGroup, Memory, MemoryContext, MemoryStatus, open_range
+from .base import AttnGroup, LoadedState, Memory, MemoryContext, MemoryStatus, open_range
 
 
 class NoKVMemory(Memory):
     kind = "none"
 
-    def __init__(self, n_seq_max: int = 1, n_swa: int = 0, swa_layers=frozenset()):
+    def __init__(self, n_seq_max: int = 1, n_swa: int = 0, swa_layers=frozenset(), n_vocab: int = 1 << 31):
         self.n_seq_max, self.n_swa, self.swa_layers = n_seq_max, n_swa, frozenset(swa_layers)
+        self.n_vocab = n_vocab
         self.clear()
 
     def init_batch(self, balloc: BatchAllocator, n_ubatch: int) -> "NoKVContext":
@@ -84,18 +85,23 @@ class NoKVMemory(Memory):
             w.array(self.tokens[s])
             w.array(self.pos[s])
 
-    def state_read(self, r: StateReader, seq: int | None = None):
+    def state_read(self, r: StateReader, seq: int | None = None) -> LoadedState:
         histories = []
         for s in (range(self.n_seq_max) if seq is None else [seq]):
             tokens = r.array("the token history", np.int32)
-            histories.append((s, tokens, r.array("the position history", np.int32, tokens.shape)))
+            pos = r.array("the position history", np.int32, tokens.shape)
+            if tokens.ndim != 1 or np.any((tokens < 0) | (tokens >= self.n_vocab)):
+                raise r.fail("the token history is not a list of token ids")
+            if np.any((pos < 0) | (pos >= POS_LIMIT)) or len(np.unique(pos)) != len(pos):
+                raise r.fail(f"the position history holds a position twice or outside 0..{POS_LIMIT - 1}")
+            histories.append((s, tokens, pos))
 
         def commit():
             if seq is None:
                 self.clear()
             for s, tokens, pos in histories:
                 self.tokens[s], self.pos[s] = tokens, pos
-        return commit
+        return LoadedState(commit, {s: int(pos.max(initial=-1)) for s, _, pos in histories})
 
 
 class NoKVContext(MemoryContext):
