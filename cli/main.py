@@ -8,10 +8,12 @@ from typing import Annotated
 
 import typer
 
-from llmsuite.core.errors import LLMError
+from llmsuite.core.errors import LLMError, printable
 
 from . import bench, generate, models, perplexity, testops, tokenize
-from .common import err_console, settings
+from .common import settings
+
+MAX_ERROR_CHARS = 500
 
 app = typer.Typer(
     name="llm",
@@ -38,19 +40,30 @@ app.command("models")(models.models)
 app.command("info")(models.info)
 
 
-def main() -> None:
+def run(argv: list[str] | None = None) -> int:
+    """`llm` with these arguments (default: the command line); returns the exit status.
+
+    An error is one escaped line on stderr, written plainly: a message quoting a corrupt file
+    must neither reach the terminal raw nor cost Rich seconds to wrap."""
     try:
-        app()
+        app(args=argv, prog_name="llm")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except LLMError as e:
         if settings["verbose"]:
             traceback.print_exc()
-        err_console.print(f"error: {e}", markup=False, soft_wrap=True)
-        sys.exit(1)
+        sys.stderr.write(f"error: {printable(str(e), MAX_ERROR_CHARS)}\n")
+        return 1
     except KeyboardInterrupt:
-        err_console.print("interrupted", markup=False)
-        sys.exit(130)
+        sys.stderr.write("interrupted\n")
+        return 130
     except BrokenPipeError:
-        sys.exit(0)
+        return 0
+    return 0
+
+
+def main() -> None:
+    sys.exit(run())
 
 
 if __name__ == "__main__":

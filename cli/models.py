@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from llmsuite.core import hub
+from llmsuite.core.errors import printable
 from llmsuite.core.gguf import GGUFFile
 from llmsuite.core.models import ARCHITECTURES
 
@@ -49,12 +50,11 @@ def info(
     arch = gguf.architecture
     hparams = {k[len(arch) + 1:]: _plain(v) for k, v in gguf.metadata.items() if k.startswith(arch + ".")}
     types = Counter(t.type.name for t in gguf.tensors.values())
-    tokens = gguf.get("tokenizer.ggml.tokens") or []
     doc = {
         "file": str(gguf.path),
         "size_bytes": gguf.path.stat().st_size,
         "gguf_version": gguf.version,
-        "name": gguf.get("general.name"),
+        "name": _plain(gguf.get("general.name")),
         "architecture": arch,
         "supported": arch in ARCHITECTURES,
         "hparams": hparams,
@@ -62,34 +62,43 @@ def info(
         "n_params": sum(t.n_elements for t in gguf.tensors.values()),
         "tensor_types": dict(types.most_common()),
         "tokenizer": {
-            "model": gguf.get("tokenizer.ggml.model"),
-            "pre": gguf.get("tokenizer.ggml.pre"),
-            "n_tokens": len(tokens),
-            "n_merges": len(gguf.get("tokenizer.ggml.merges") or []),
-            "bos": gguf.get("tokenizer.ggml.bos_token_id"),
-            "eos": gguf.get("tokenizer.ggml.eos_token_id"),
-            "add_bos": gguf.get("tokenizer.ggml.add_bos_token"),
+            "model": _plain(gguf.get("tokenizer.ggml.model")),
+            "pre": _plain(gguf.get("tokenizer.ggml.pre")),
+            "n_tokens": _count(gguf.get("tokenizer.ggml.tokens")),
+            "n_merges": _count(gguf.get("tokenizer.ggml.merges")),
+            "bos": _plain(gguf.get("tokenizer.ggml.bos_token_id")),
+            "eos": _plain(gguf.get("tokenizer.ggml.eos_token_id")),
+            "add_bos": _plain(gguf.get("tokenizer.ggml.add_bos_token")),
         },
         "chat_template": gguf.get("tokenizer.chat_template") is not None,
     }
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
         return
-    typer.echo(f"file          {doc['file']} ({doc['size_bytes'] / 2**20:.1f} MiB, GGUF v{doc['gguf_version']})")
-    typer.echo(f"name          {doc['name']}")
-    typer.echo(f"architecture  {arch}" + ("" if doc["supported"] else "  (not supported by this engine)"))
+    show = lambda value: printable(str(value), 200)  # noqa: E731  (values come from the file)
+    typer.echo(f"file          {show(doc['file'])} ({doc['size_bytes'] / 2**20:.1f} MiB, GGUF v{doc['gguf_version']})")
+    typer.echo(f"name          {show(doc['name'])}")
+    typer.echo(f"architecture  {show(arch)}" + ("" if doc["supported"] else "  (not supported by this engine)"))
     typer.echo(f"parameters    {doc['n_params'] / 1e6:.1f} M in {doc['n_tensors']} tensors")
     typer.echo("tensor types  " + ", ".join(f"{k} x{v}" for k, v in types.most_common()))
     tok = doc["tokenizer"]
-    typer.echo(f"tokenizer     {tok['model']} (pre {tok['pre']}), {tok['n_tokens']} tokens, {tok['n_merges']} merges, "
-               f"bos {tok['bos']} eos {tok['eos']} add_bos {tok['add_bos']}")
+    typer.echo(f"tokenizer     {show(tok['model'])} (pre {show(tok['pre'])}), {tok['n_tokens']} tokens, "
+               f"{tok['n_merges']} merges, bos {show(tok['bos'])} eos {show(tok['eos'])} add_bos {show(tok['add_bos'])}")
     typer.echo(f"chat template {'yes' if doc['chat_template'] else 'no'}")
     typer.echo("hparams")
     for key, value in hparams.items():
-        typer.echo(f"  {key:<36} {value}")
+        typer.echo(f"  {show(key):<36} {show(value)}")
 
 
 def _plain(value):
+    """A metadata value as JSON can hold it (arrays as lists, nested ones too)."""
     if hasattr(value, "tolist"):
         return value.tolist()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
     return value
+
+
+def _count(value) -> int:
+    """How many entries an array value holds (0 when it is missing or not an array)."""
+    return len(value) if isinstance(value, list) or hasattr(value, "shape") else 0

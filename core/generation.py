@@ -40,7 +40,7 @@ def check_prompt(ctx: Context, tokens: list[int]) -> None:
     limit = sequence_capacity(ctx) - PROMPT_MARGIN
     if len(tokens) > limit:
         raise InvalidInputError(f"the prompt is too long ({len(tokens)} tokens, the context -c {ctx.n_ctx} "
-                                f"allows {limit} per sequence)")
+                                f"allows {max(limit, 0)} per sequence)")
 
 
 def decode_or_raise(ctx: Context, batch: Batch) -> None:

@@ -12,9 +12,10 @@ import heapq
 from enum import IntFlag
 from functools import lru_cache
 
+import numpy as np
 import regex
 
-from .errors import ModelFileError, UnsupportedError
+from .errors import ModelFileError, UnsupportedError, excerpt
 from .gguf import GGUFFile
 
 
@@ -29,6 +30,7 @@ class Attr(IntFlag):
     BYTE = 1 << 5
 
 
+_BYTE_TYPE = 6
 _TYPE_TO_ATTR = {1: Attr.NORMAL, 2: Attr.UNKNOWN, 3: Attr.CONTROL, 4: Attr.USER_DEFINED, 5: Attr.UNUSED, 6: Attr.BYTE}
 _SPECIAL_PARTS = Attr.CONTROL | Attr.USER_DEFINED | Attr.UNKNOWN
 
@@ -55,6 +57,7 @@ _PRE_ALIASES = {
 }
 
 _ESCAPED_SPACE = "\u2581"
+_BYTE_TOKEN = regex.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
 @lru_cache(maxsize=1)
@@ -105,31 +108,38 @@ def _compile(pattern: str):
 class Vocab:
     def __init__(self, gguf: GGUFFile):
         self.path = gguf.path
-        self.tokenizer_model = gguf.get("tokenizer.ggml.model")
+        self.tokenizer_model = gguf.get_str("tokenizer.ggml.model", None)
         if self.tokenizer_model is None:
             raise ModelFileError(f"{gguf.path}: tokenizer.ggml.model is missing (no vocabulary)")
-        tokens = gguf.get("tokenizer.ggml.tokens")
-        if not isinstance(tokens, list) or not tokens:
+        tokens = gguf.get_strs("tokenizer.ggml.tokens", [])
+        if not tokens:
             raise ModelFileError(f"{gguf.path}: tokenizer.ggml.tokens is missing or empty")
         self.tokens: list[str] = tokens
         self.n_tokens = len(tokens)
-        scores = gguf.get("tokenizer.ggml.scores")
-        self.scores = [float(s) for s in scores] if scores is not None else [0.0] * self.n_tokens
-        types = gguf.get("tokenizer.ggml.token_type")
+        scores = gguf.get_numbers("tokenizer.ggml.scores", "iuf", self.n_tokens, None)
+        self.scores = scores.astype(float).tolist() if scores is not None else [0.0] * self.n_tokens
+        types = gguf.get_numbers("tokenizer.ggml.token_type", "iu", self.n_tokens, None)
         self.attrs = [_TYPE_TO_ATTR.get(int(t), Attr.UNDEFINED) for t in types] if types is not None \
             else [Attr.NORMAL] * self.n_tokens
-        if len(self.scores) < self.n_tokens or len(self.attrs) < self.n_tokens:
-            raise ModelFileError(f"{gguf.path}: tokenizer scores or types are shorter than the token list")
+        if types is not None:
+            self._check_byte_tokens(gguf, np.flatnonzero(types == _BYTE_TYPE))
         self.token_to_id: dict[str, int] = {}
         for i, t in enumerate(tokens):
             if t in self.token_to_id:
-                raise ModelFileError(f"{gguf.path}: duplicate token {t!r} has ids {self.token_to_id[t]} and {i}")
+                raise ModelFileError(f"{gguf.path}: duplicate token {excerpt(t)} has ids {self.token_to_id[t]} and {i}")
             self.token_to_id[t] = i
         self._configure(gguf)
         self._find_special_tokens()
         self.special_tokens = sorted(
             (i for i, a in enumerate(self.attrs) if a & _SPECIAL_PARTS), key=lambda i: -len(self.tokens[i]))
         self._pieces: list[bytes | None] = [None] * self.n_tokens
+
+    def _check_byte_tokens(self, gguf: GGUFFile, ids) -> None:
+        for i in ids:
+            text = self.tokens[i]
+            if not _BYTE_TOKEN.fullmatch(text):
+                raise ModelFileError(f"{gguf.path}: token {i} is typed BYTE but its text {excerpt(text)} "
+                                     "is not of the form <0xXX>")
 
     # ---- configuration (llama_vocab::impl::load) -----------------------------------------
 
@@ -147,35 +157,35 @@ class Vocab:
             self.add_space_prefix, self.add_bos = False, False
             self._configure_bpe(gguf)
         else:
-            raise UnsupportedError(f"{gguf.path}: tokenizer model '{self.tokenizer_model}' is not supported "
+            raise UnsupportedError(f"{gguf.path}: tokenizer model {excerpt(self.tokenizer_model)} is not supported "
                                    "(llama/SPM and gpt2/BPE are)")
-        self.add_space_prefix = bool(gguf.get("tokenizer.ggml.add_space_prefix", self.add_space_prefix))
+        self.add_space_prefix = gguf.get_bool("tokenizer.ggml.add_space_prefix", self.add_space_prefix)
         for attr, key in (("bos", "bos_token_id"), ("eos", "eos_token_id")):
             if getattr(self, attr) >= self.n_tokens:
                 setattr(self, attr, None)
-            value = gguf.get(f"tokenizer.ggml.{key}")
-            if value is not None and 0 <= int(value) < self.n_tokens:
-                setattr(self, attr, int(value))
-        self.add_bos = bool(gguf.get("tokenizer.ggml.add_bos_token", self.add_bos))
-        self.add_eos = bool(gguf.get("tokenizer.ggml.add_eos_token", self.add_eos))
+            value = gguf.get_int(f"tokenizer.ggml.{key}", None, hi=(1 << 32) - 1)
+            if value is not None and value < self.n_tokens:  # llama.cpp keeps the default for a bad id
+                setattr(self, attr, value)
+        self.add_bos = gguf.get_bool("tokenizer.ggml.add_bos_token", self.add_bos)
+        self.add_eos = gguf.get_bool("tokenizer.ggml.add_eos_token", self.add_eos)
         if self.add_bos and self.bos is None:
             raise ModelFileError(f"{gguf.path}: add_bos_token is true but the BOS token is not set")
         if self.add_eos and self.eos is None:
             raise ModelFileError(f"{gguf.path}: add_eos_token is true but the EOS token is not set")
 
     def _configure_bpe(self, gguf: GGUFFile) -> None:
-        merges = gguf.get("tokenizer.ggml.merges")
-        if not isinstance(merges, list):
+        merges = gguf.get_strs("tokenizer.ggml.merges", None)
+        if merges is None:
             raise ModelFileError(f"{gguf.path}: BPE vocabulary without tokenizer.ggml.merges")
         self.bpe_ranks: dict[tuple[str, str], int] = {}
         for rank, merge in enumerate(merges):
             pos = merge.find(" ", 1)
             pair = (merge[:pos], merge[pos + 1:]) if pos >= 0 else ("", "")
             self.bpe_ranks.setdefault(pair, rank)
-        self.pre = gguf.get("tokenizer.ggml.pre") or "default"
+        self.pre = gguf.get_str("tokenizer.ggml.pre", "") or "default"
         name = _PRE_ALIASES.get(self.pre, self.pre)
         if name not in _PRE_TOKENIZERS:
-            raise UnsupportedError(f"{gguf.path}: unknown pre-tokenizer type '{self.pre}'")
+            raise UnsupportedError(f"{gguf.path}: unknown pre-tokenizer type {excerpt(self.pre)}")
         self.pre_regexes, settings = _PRE_TOKENIZERS[name]
         for key, value in settings.items():
             setattr(self, key, value)
@@ -205,9 +215,12 @@ class Vocab:
 
     def byte_to_token(self, byte: int) -> int:
         if self.type == "spm":
-            tok = self.token_to_id.get(f"<0x{byte:02X}>")
-            return tok if tok is not None else self.token_to_id[chr(byte)]
-        return self.token_to_id[gpt2_byte_encoder()[byte]]
+            tok = self.token_to_id.get(f"<0x{byte:02X}>", self.token_to_id.get(chr(byte)))
+        else:
+            tok = self.token_to_id.get(gpt2_byte_encoder()[byte])
+        if tok is None:
+            raise ModelFileError(f"{self.path}: the vocabulary has no token for the byte 0x{byte:02X}")
+        return tok
 
     # ---- tokenize ------------------------------------------------------------------------
 

@@ -183,6 +183,7 @@ def fake_modules() -> dict[str, types.ModuleType]:
     cp.cuda = SimpleNamespace(
         Device=lambda *a: SimpleNamespace(id=0, attributes={"MultiProcessorCount": 132}),
         runtime=SimpleNamespace(CUDA_R_32F=0, CUDA_R_16F=2, getDeviceCount=lambda: 1, runtimeGetVersion=lambda: 13000,
+                                memGetInfo=lambda: (140 << 30, 141 << 30),  # an H200's free and total bytes
                                 getDeviceProperties=lambda i: {"name": b"fake GPU"}),
         get_current_stream=lambda: stream,
         device=SimpleNamespace(get_cublas_handle=lambda: 0),

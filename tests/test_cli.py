@@ -113,3 +113,57 @@ def test_prompt_cache_from_another_model_is_refused(tmp_path):
     assert llm("generate", "-p", "Hello", "-n", "1", "--prompt-cache", str(cache)).returncode == 0
     assert_one_line_error(llm("generate", "-m", str(TINY_GEMMA3), "-p", "Hello", "-n", "1", "--prompt-cache", str(cache)),
                           "another model")
+
+
+def tiny_variant(tmp_path, name, **values):
+    """The tiny Gemma 3 with some metadata replaced: key → (GGUF value type, payload)."""
+    from gguf_mutants import GGUFImage
+
+    img = GGUFImage.parse(TINY_GEMMA3.read_bytes())
+    for key, (vtype, payload) in values.items():
+        img = img.set(key, vtype, payload)
+    path = tmp_path / name
+    path.write_bytes(img.serialize())
+    return path
+
+
+def test_corrupt_prompt_cache_is_refused_and_kept(tmp_path):
+    cache = tmp_path / "p.state"
+    args = ["generate", "-m", str(TINY_GEMMA3), "-p", "Hello there", "-n", "1", "--prompt-cache", str(cache)]
+    assert llm(*args).returncode == 0
+    data = bytearray(cache.read_bytes())
+    data[len(data) // 2] ^= 0x10  # a flipped bit in the middle of the K/V rows
+    cache.write_bytes(bytes(data))
+    assert_one_line_error(llm(*args), "checksum does not match")
+    assert cache.read_bytes() == bytes(data)
+
+
+def test_file_contents_reach_the_terminal_escaped(tmp_path):
+    from gguf import GGUFValueType as VT
+
+    odd = tiny_variant(tmp_path, "odd.gguf", **{"general.architecture": (VT.STRING, b"\x1b[2Jgemma\x07"),
+                                                "general.name": (VT.STRING, b"\x1b]0;title\x07")})
+    result = llm("generate", "-m", str(odd), "-p", "hi")
+    assert_one_line_error(result, "unknown architecture '\\x1b[2Jgemma\\x07'")
+    info = llm("info", str(odd))
+    assert info.returncode == 0 and "\x1b" not in info.stdout and "\\x1b]0;title\\x07" in info.stdout
+
+
+def test_context_bounded_by_memory_names_c(tmp_path):
+    from gguf import GGUFValueType as VT
+
+    long = tiny_variant(tmp_path, "long.gguf", **{"gemma3.context_length": (VT.UINT32, 1 << 29)})
+    assert_one_line_error(llm("generate", "-m", str(long), "-p", "hi", "-n", "1"), "give a smaller -c")
+    r = llm("generate", "-m", str(long), "-p", "hi", "-n", "1", "-c", "64")
+    assert r.returncode == 0, r.stderr
+
+
+def test_error_quoting_a_huge_name_stays_short(tmp_path):
+    data = bytearray(TINY_GEMMA3.read_bytes())
+    at = data.find(b"token_embd.weight") - 8
+    data[at:at + 8] = (5_000_000).to_bytes(8, "little")  # the first tensor name now swallows the data
+    path = tmp_path / "long-name.gguf"
+    path.write_bytes(bytes(data))
+    result = llm("info", str(path))
+    assert_one_line_error(result, "is 5000000 bytes long (at most 63)")
+    assert len(result.stderr) < 600

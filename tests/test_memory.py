@@ -77,6 +77,22 @@ def test_window_cache_reuses_cells():
     assert cache.seq_pos_max(0) == 9 and cache.seq_pos_min(0) > 0
 
 
+def test_window_cache_reuses_shared_cells_out_of_every_owners_window():
+    """Sequence 1 shares positions 0..5 of sequence 0. With a window of 4, sequence 0 (next
+    position 8) no longer sees 0..4 but sequence 1 (next 6) still sees 3..5: three cells are free."""
+    cache = KVCache(LAYERS, kv_size=8, n_seq_max=2, n_swa=4, swa_layers={0, 1})
+    commit(cache, list(range(8)), n_seq_max=2)
+    cache.seq_cp(0, 1, 0, 6)
+    before = snapshot(cache)
+    balloc = BatchAllocator(1000, 2)
+    balloc.init(Batch.from_tokens([10, 11, 12, 13]), cache)
+    assert cache.init_batch(balloc, n_ubatch=4).status == MemoryStatus.FAILED_PREPARE
+    assert snapshot(cache) == before
+    commit(cache, [10, 11, 12], n_seq_max=2)
+    assert sorted(cache.cells[0].pos[cache.cells[0].seq[:, 1]]) == [3, 4, 5]
+    assert (cache.seq_pos_min(0), cache.seq_pos_max(0)) == (3, 10)
+
+
 def test_unified_cache_masks_window_layers_only():
     cache = KVCache(LAYERS, kv_size=16, n_swa=2, swa_layers={1})
     mctx = commit(cache, list(range(5)))

@@ -4,15 +4,16 @@ refusing combinations that cannot apply with the reason."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from ..errors import InvalidInputError
 from .base import Memory
-from .iswa import KVCacheISWA
+from .iswa import KVCacheISWA, swa_cache_size
 from .kv_cache import KVCache, LayerShape
 from .none import NoKVMemory
-from .storage import CACHE_TYPES, check_cache_type
+from .storage import CACHE_TYPES, check_cache_type, row_bytes
 
 KV_KINDS = ("auto", "unified", "split", "iswa", "none")
 CTX_KINDS = ("auto", "decoder", "encoder", "no-kv")
@@ -74,6 +75,7 @@ def create_memory(hp, arch: str, p: MemoryParams, xp=np) -> Memory:
         check_cache_type(type_name, dim)
     layers = {il: LayerShape(hp.n_head_kv, hp.head_dim_k, hp.head_dim_v) for il in range(hp.n_layer)}
     swa = dict(n_swa=hp.n_swa, swa_layers=hp.swa_layers) if has_swa else {}
+    check_fits(cache_bytes(hp, kv, p), p.n_ctx, xp)
     if kv == "none":
         return NoKVMemory(p.n_seq_max, n_vocab=hp.n_vocab, **swa)
     if kv == "iswa":
@@ -83,3 +85,49 @@ def create_memory(hp, arch: str, p: MemoryParams, xp=np) -> Memory:
         return KVCache(layers, p.n_ctx // p.n_seq_max, p.n_seq_max, p.n_seq_max, p.type_k, p.type_v,
                        kind="split", xp=xp, **swa)
     return KVCache(layers, p.n_ctx, p.n_seq_max, 1, p.type_k, p.type_v, kind="unified", xp=xp, **swa)
+
+
+def cache_bytes(hp, kv: str, p: MemoryParams) -> int:
+    """What the cache of kind `kv` will take, computed before anything is allocated."""
+    if kv == "none":
+        return 0
+    per_cell = row_bytes(p.type_k, hp.n_embd_k_gqa) + row_bytes(p.type_v, hp.n_embd_v_gqa)
+    n_window_layers = len(hp.swa_layers) if kv == "iswa" else 0
+    window_cells = p.n_ctx if p.swa_full else swa_cache_size(p.n_ctx, hp.n_swa, p.n_seq_max, p.n_ubatch)
+    return per_cell * ((hp.n_layer - n_window_layers) * p.n_ctx + n_window_layers * window_cells)
+
+
+def check_fits(n_bytes: int, n_ctx: int, xp) -> None:
+    available = available_memory(xp)
+    if available is not None and n_bytes > available:
+        raise InvalidInputError(f"a context of {n_ctx} cells (-c) needs {n_bytes / 2**30:.1f} GiB of KV cache, "
+                                f"more than the {available / 2**30:.1f} GiB of memory available; give a smaller -c")
+
+
+def available_memory(xp) -> int | None:
+    """Bytes free where the cache would live: the device's memory for CuPy; else the system's
+    MemAvailable, or less where the process's address space is capped (ulimit -v)."""
+    if xp is not np:
+        return int(xp.cuda.runtime.memGetInfo()[0])
+    status = _proc_fields("/proc/meminfo", "MemAvailable") | _proc_fields("/proc/self/status", "VmSize")
+    available = status.get("MemAvailable")
+    try:
+        import resource
+
+        cap = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if cap != resource.RLIM_INFINITY and "VmSize" in status:
+            room = cap - status["VmSize"]
+            available = room if available is None else min(available, room)
+    except ImportError:
+        pass
+    return available
+
+
+def _proc_fields(path: str, *names: str) -> dict[str, int]:
+    """Fields given in kB from a /proc file, in bytes ({} where there is no /proc)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return {}
+    fields = (line.split() for line in lines)
+    return {f[0].rstrip(":"): int(f[1]) * 1024 for f in fields if len(f) >= 2 and f[0].rstrip(":") in names}

@@ -24,6 +24,14 @@ def check_cache_type(name: str, dim: int | None = None) -> None:
         raise InvalidInputError(f"cache type {name} needs rows that are a multiple of 32 values; this model's are {dim}")
 
 
+def row_bytes(type_name: str, dim: int) -> int:
+    """Bytes one cell's row of `dim` values takes in the cache type."""
+    if type_name in BLOCK_TYPES:
+        block, type_size = GGML_QUANT_SIZES[BLOCK_TYPES[type_name]]
+        return dim // block * type_size
+    return dim * np.dtype(FLOAT_TYPES[type_name]).itemsize
+
+
 class KVStorage:
     def __init__(self, n_stream: int, kv_size: int, dim: int, type_name: str, xp=None):
         check_cache_type(type_name, dim)

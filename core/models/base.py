@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Callable, ClassVar
 
@@ -10,7 +11,8 @@ import numpy as np
 from gguf import LlamaFileType
 
 from ..backend import get_backend
-from ..errors import ModelFileError, UnsupportedError
+from ..batch import POS_LIMIT
+from ..errors import ModelFileError, printable
 from ..gguf import GGUFFile
 from ..memory import Memory, MemoryParams, create_memory
 from ..vocab import Vocab
@@ -55,51 +57,68 @@ class HParams:
         return self.n_head_kv * self.head_dim_v
 
 
-def _int_key(gguf: GGUFFile, key: str, default: int | None = None) -> int:
-    value = gguf.get(key, default)
-    if value is None:
-        raise ModelFileError(f"{gguf.path}: required metadata '{key}' is missing")
-    if isinstance(value, np.ndarray):
-        if value.size and np.all(value == value.flat[0]):
-            return int(value.flat[0])
-        raise UnsupportedError(f"{gguf.path}: per-layer values for '{key}' are not supported")
-    return int(value)
+# sane bounds for hyper-parameters, checked before anything is sized from them
+MAX_EMBD = 1 << 20
+MAX_HEADS = 1 << 14
+MAX_HEAD_DIM = 1 << 14
+MAX_LAYERS = 1 << 12
+MAX_FF = 1 << 24
+MAX_VOCAB = 1 << 24
+MAX_ROPE_BASE = 1e12  # real models use up to ~1e7; float32 must hold its powers
+_BLOCK_NAME = re.compile(r"blk\.(\d+)\.")
 
 
 def read_hparams(gguf: GGUFFile, arch: str) -> HParams:
-    """The hyper-parameters every decoder-only transformer GGUF carries."""
+    """The hyper-parameters every decoder-only transformer GGUF carries, checked for type, range
+    and consistency with each other and with the tensors in the file."""
     key = lambda name: f"{arch}.{name}"  # noqa: E731
-    n_embd = _int_key(gguf, key("embedding_length"))
-    n_head = _int_key(gguf, key("attention.head_count"))
-    if n_head <= 0 or n_embd <= 0:
-        raise ModelFileError(f"{gguf.path}: embedding_length and head_count must be positive")
-    head_dim_k = _int_key(gguf, key("attention.key_length"), n_embd // n_head)
-    tokens = gguf.get("tokenizer.ggml.tokens") or []
-    n_head_kv = _int_key(gguf, key("attention.head_count_kv"), n_head)
-    if n_head_kv <= 0 or n_head % n_head_kv:
+    get = lambda name, *a, **kw: gguf.get_int(key(name), *a, per_layer=True, **kw)  # noqa: E731
+    n_embd = get("embedding_length", lo=1, hi=MAX_EMBD)
+    n_head = get("attention.head_count", lo=1, hi=MAX_HEADS)
+    n_head_kv = get("attention.head_count_kv", n_head, lo=1, hi=n_head)
+    if n_head % n_head_kv:
         raise ModelFileError(f"{gguf.path}: head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
+    if key("attention.key_length") not in gguf.metadata and n_embd % n_head:
+        raise ModelFileError(f"{gguf.path}: embedding_length {n_embd} is not a multiple of head_count {n_head} "
+                             "and attention.key_length is missing")
+    head_dim_k = get("attention.key_length", n_embd // n_head, lo=1, hi=MAX_HEAD_DIM)
+    n_rot = get("rope.dimension_count", head_dim_k, lo=0, hi=head_dim_k)
+    if n_rot < 2 or n_rot % 2:
+        raise ModelFileError(f"{gguf.path}: rope.dimension_count {n_rot} must be an even number from 2 to the "
+                             f"head size {head_dim_k} (attention.key_length)")
+    n_vocab = get("vocab_size", len(gguf.get_strs("tokenizer.ggml.tokens", [])), lo=1, hi=MAX_VOCAB)
     return HParams(
-        n_vocab=_int_key(gguf, key("vocab_size"), len(tokens)),
-        n_ctx_train=_int_key(gguf, key("context_length")),
+        n_vocab=n_vocab,
+        n_ctx_train=get("context_length", lo=1, hi=POS_LIMIT),
         n_embd=n_embd,
-        n_layer=_int_key(gguf, key("block_count")),
+        n_layer=count_blocks(gguf, get("block_count", lo=1, hi=MAX_LAYERS)),
         n_head=n_head,
         n_head_kv=n_head_kv,
         head_dim_k=head_dim_k,
-        head_dim_v=_int_key(gguf, key("attention.value_length"), head_dim_k),
-        n_ff=_int_key(gguf, key("feed_forward_length")),
-        n_rot=_int_key(gguf, key("rope.dimension_count"), head_dim_k),
-        rms_eps=float(gguf.get(key("attention.layer_norm_rms_epsilon"), 1e-5)),
-        rope_freq_base=float(gguf.get(key("rope.freq_base"), 10000.0)),
-        rope_freq_scale=1.0 / float(gguf.get(key("rope.scale_linear"), 1.0)),
+        head_dim_v=get("attention.value_length", head_dim_k, lo=1, hi=MAX_HEAD_DIM),
+        n_ff=get("feed_forward_length", lo=1, hi=MAX_FF),
+        n_rot=n_rot,
+        rms_eps=gguf.get_float(key("attention.layer_norm_rms_epsilon"), 1e-5, hi=1.0, positive=True),
+        rope_freq_base=gguf.get_float(key("rope.freq_base"), 10000.0, hi=MAX_ROPE_BASE, positive=True),
+        rope_freq_scale=1.0 / gguf.get_float(key("rope.scale_linear"), 1.0, lo=1e-6, hi=1e6),
     )
+
+
+def count_blocks(gguf: GGUFFile, n_layer: int) -> int:
+    """block_count, checked against the `blk.N.` tensors the file holds."""
+    present = {int(m.group(1)) for name in gguf.tensors if (m := _BLOCK_NAME.match(name))}
+    if present != set(range(n_layer)):
+        raise ModelFileError(f"{gguf.path}: block_count is {n_layer} but the file holds tensors of "
+                             f"{len(present)} blocks" + (f" (up to blk.{max(present)})" if present else ""))
+    return n_layer
 
 
 def describe(gguf: GGUFFile, arch: str, n_params: int) -> str:
     """llama-bench's model_type: architecture, size label and file type, e.g. 'llama 135M Q4_1'."""
-    size = gguf.get("general.size_label") or (f"{n_params / 1e9:.1f}B" if n_params >= 1e9 else f"{n_params / 1e6:.0f}M")
+    size = printable(gguf.get_str("general.size_label", ""), 20) or (f"{n_params / 1e9:.1f}B" if n_params >= 1e9
+                                                       else f"{n_params / 1e6:.0f}M")
     try:
-        ftype = LlamaFileType(int(gguf.get("general.file_type", -1))).name.removeprefix("MOSTLY_")
+        ftype = LlamaFileType(gguf.get_int("general.file_type", -1, lo=-1)).name.removeprefix("MOSTLY_")
     except ValueError:
         ftype = "unknown type"
     return f"{arch} {size} {ftype}"
@@ -109,7 +128,7 @@ def fingerprint(gguf: GGUFFile, hp: HParams) -> str:
     """Identifies a model's weights for state files: shapes, types and a sample of every tensor."""
     digest = hashlib.sha256(repr((gguf.architecture, sorted(asdict(hp).items()))).encode())
     for name, info in gguf.tensors.items():
-        digest.update(f"{name}:{info.type.name}:{info.shape}".encode())
+        digest.update(f"{name}:{info.type.name}:{info.shape}".encode("utf-8", "surrogateescape"))
         digest.update(gguf.raw(name)[:256].tobytes())
     return digest.hexdigest()[:32]
 
@@ -124,8 +143,8 @@ class Model:
         self.backend = backend or get_backend("cpu")  # where the weights live and in what type
         self.hparams = self.load_hparams(gguf)
         self.vocab = Vocab(gguf)
-        self.chat_template = gguf.get("tokenizer.chat_template")
-        self.name = gguf.get("general.name") or gguf.path.stem
+        self.chat_template = gguf.get_str("tokenizer.chat_template", None)
+        self.name = printable(gguf.get_str("general.name", "") or gguf.path.stem, 80)
         self.fingerprint = fingerprint(gguf, self.hparams)
         self.size_bytes = sum(t.n_bytes for t in gguf.tensors.values())
         self.n_params = sum(t.n_elements for t in gguf.tensors.values())
@@ -158,7 +177,7 @@ class Model:
         info = gguf.tensor_info(name)
         if info.numpy_shape != tuple(shape):
             raise ModelFileError(f"{gguf.path}: tensor '{name}' has shape {list(info.numpy_shape)}, "
-                                 f"expected {list(shape)}")
+                                 f"but the hyper-parameters make it {list(shape)}")
         out = self.backend.load_weight(gguf.raw(name), info.type, info.numpy_shape)
         self._loaded += info.n_bytes
         if self._progress:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..batch import POS_LIMIT
 from ..gguf import GGUFFile
 from .base import HParams, Model, read_hparams
 from .registry import register
@@ -37,7 +38,7 @@ class Gemma3(Model):
     def load_hparams(self, gguf: GGUFFile) -> HParams:
         hp = read_hparams(gguf, self.arch)
         hp.rope_neox = True
-        hp.n_swa = int(gguf.get("gemma3.attention.sliding_window", 0))
+        hp.n_swa = gguf.get_int("gemma3.attention.sliding_window", 0, hi=POS_LIMIT)
         if hp.n_swa > 0:
             hp.swa_layers = frozenset(il for il in range(hp.n_layer) if il % SWA_PATTERN < SWA_PATTERN - 1)
             hp.rope_freq_base_swa = ROPE_BASE_LOCAL
