@@ -67,6 +67,9 @@ def open_model(spec: str | None, backend: str = "cpu") -> tuple[Model, float]:
             progress.update(task, completed=done, total=total)
 
         model = load_model(path, report, backend)
+        progress.update(task, description="preparing cpu kernels (numba compiles them once per machine)",
+                        total=None)
+        model.backend.prepare(model.weight_types)
     return model, time.perf_counter() - t0
 
 

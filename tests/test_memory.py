@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from llmsuite.core.backend.cpu import as_float
 from llmsuite.core.batch import Batch, BatchAllocator
 from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.memory import KVCache, KVCacheISWA, LayerShape, MemoryStatus, NoKVMemory
@@ -125,7 +126,7 @@ def test_split_streams_copy_whole_sequences():
     commit(cache, [7, 8, 9], n_seq_max=2)
     cache.seq_cp(0, 1)
     assert cache.seq_pos_max(1) == 2 and cache.cells[1].used() == 3
-    np.testing.assert_array_equal(cache.k[0].read(1, 3)[:, 0], [7, 8, 9])
+    np.testing.assert_array_equal(cache.k[0].read(1, 3, 1)[:, 0, 0], [7, 8, 9])
     with pytest.raises(InvalidInputError, match="whole sequence"):
         cache.seq_cp(0, 1, 0, 2)
 
@@ -176,7 +177,7 @@ def test_state_round_trip(type_name):
     other = KVCache(LAYERS, kv_size=16, type_k=type_name, type_v=type_name)
     other.state_read(StateReader(data, "test")).commit()
     assert snapshot(other) == data
-    np.testing.assert_allclose(other.k[1].read(0, 5)[:, 0], [3, 1, 4, 1, 5], rtol=0.1)
+    np.testing.assert_allclose(as_float(other.k[1].read(0, 5, 1))[:, 0, 0], [3, 1, 4, 1, 5], rtol=0.1)
 
 
 def test_state_of_other_shape_is_refused_and_changes_nothing():

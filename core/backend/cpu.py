@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from ..errors import LLMError
 from ..quants import dequantize, quantize_rows
 from .algebra import ArrayAlgebra
+from .weights import BlockRows, QuantWeight
 
 # Query rows per attention block: bounds the score matrix and lets causal blocks skip future keys.
 ATTN_BLOCK = 128
@@ -20,6 +24,17 @@ KV_BLOCK = 4096
 SPARSE_ROWS = 16
 # llama.cpp's rule for when gathering the finite columns pays: KV >= max(4096, 2 * n_kv_max).
 SPARSE_MIN_KV = 4096
+# Activation rows up to which a quantized matmul runs the fused kernel (decode, -np, small
+# ubatches); above it each weight tile is dequantized into a reused buffer for BLAS.
+FUSED_MAX_ROWS = 8
+# Weight rows per dequantized tile: about 2.5 MB of float32 at the models' widths (L2-sized).
+TILE_ROWS = 1024
+# Query rows up to which attention runs the numba kernel over the cache rows as stored
+# (decode and -np steps); prompts use the blocked BLAS path.
+KERNEL_MAX_QUERIES = 8
+# GGUF types the kernels read directly (qkernels.BLOCK); matrices of other types become float32.
+KERNEL_TYPES = frozenset(int(GGMLQuantizationType[name]) for name in (
+    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"))
 SQRT_2_OVER_PI = 0.7978845608028654
 GELU_COEF_A = 0.044715
 
@@ -88,13 +103,37 @@ class CPUBackend(ArrayAlgebra):
     # ---- weights -------------------------------------------------------------------------
 
     @staticmethod
-    def load_weight(raw: np.ndarray, qtype, shape: tuple[int, ...]) -> np.ndarray:
-        """A GGUF tensor's raw bytes as the float32 array the ops compute with."""
-        return dequantize(raw, qtype, int(np.prod(shape))).reshape(shape)
+    def load_weight(raw: np.ndarray, qtype, shape: tuple[int, ...], name: str = ""):
+        """A matrix stays in its GGUF type (a view of the file) for the quantized kernels; a vector
+        (norms, biases), or a matrix of a type without a kernel, becomes float32."""
+        if len(shape) == 2 and int(qtype) in KERNEL_TYPES:
+            return QuantWeight.from_raw(raw, qtype, shape)
+        return dequantize(raw, qtype, int(np.prod(shape)), name=name).reshape(shape)
+
+    def prepare(self, weight_types) -> None:
+        """Compile (the first time on a machine) or load from numba's cache the kernels a model
+        with these weight types needs: each one runs once on a one-block weight."""
+        kernels = qkernels()
+        x = np.ones((1, 256), dtype=np.float32)
+        try:
+            for qtype in {int(t) for t in weight_types} & KERNEL_TYPES:
+                block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
+                w = np.zeros((1, 256 // block * type_size), dtype=np.uint8)
+                kernels.MATVEC[qtype](w, x, np.empty((1, 1), np.float32))
+                kernels.DEQUANT[qtype](w, np.zeros(1, np.int64), np.empty((1, 256), np.float32))
+            for cache in (np.zeros((1, 1, 32), np.float32), np.zeros((1, 1, 32), np.float16)):
+                self._attend_rows(np.ones((1, 1, 32), np.float32), cache, cache, np.zeros((1, 1), np.float32),
+                                  1.0, 0.0, None, np.ones(1, np.float32))
+        except LLMError:
+            raise
+        except Exception as e:  # numba's compile errors are long; the first line says what failed
+            raise LLMError(f"numba failed to compile the cpu kernels: {str(e).strip().splitlines()[0]}") from None
 
     @staticmethod
     def concatenate(arrays, axis: int = 0):
-        return np.concatenate(arrays, axis=axis)
+        if axis == 0 and all(isinstance(a, QuantWeight) for a in arrays):
+            return QuantWeight.stack(arrays)
+        return np.concatenate([dequantize_all(a) for a in arrays], axis=axis)
 
     @staticmethod
     def take_rows(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -102,26 +141,57 @@ class CPUBackend(ArrayAlgebra):
 
     # ---- dense algebra -------------------------------------------------------------------
 
-    @staticmethod
-    def matmul(x: np.ndarray, w: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """x @ w.T for a weight stored (n_out, n_in); into `out` when given."""
-        return np.matmul(x, w.T, out=out)
+    def matmul(self, x: np.ndarray, w, out: np.ndarray | None = None) -> np.ndarray:
+        """x @ w.T for a weight stored (n_out, n_in), float32 or quantized; into `out` when given."""
+        if not isinstance(w, QuantWeight):
+            return np.matmul(x, w.T, out=out)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if out is None:
+            out = np.empty((len(x), w.shape[0]), dtype=np.float32)
+        kernels = qkernels()
+        if len(x) > FUSED_MAX_ROWS:
+            self._tiled_matmul(kernels, w, x, out)
+            return out
+        for part, col in w.spans():
+            kernels.MATVEC[part.qtype](part.raw, x, out[:, col:col + part.n_out])
+        return out
+
+    def _tiled_matmul(self, kernels, w: QuantWeight, x: np.ndarray, out: np.ndarray) -> None:
+        """Many activation rows: dequantize TILE_ROWS weight rows at a time (across parts) into
+        one reused buffer and let BLAS multiply. Measured faster here than any fused kernel once
+        the rows amortize the tile; the dequantization runs on one thread, so numba's workers do
+        not spin against BLAS's."""
+        n_out = w.shape[0]
+        for r0 in range(0, n_out, TILE_ROWS):
+            r1 = min(r0 + TILE_ROWS, n_out)
+            tile = self._buffer("weight_tile", (r1 - r0, w.n_in))
+            for part, col in w.spans():
+                lo, hi = max(r0, col), min(r1, col + part.n_out)
+                if lo < hi:
+                    kernels.DEQUANT[part.qtype](part.raw, np.arange(lo - col, hi - col), tile[lo - r0:hi - r0])
+            target = out[:, r0:r1]
+            if target.flags.c_contiguous:
+                np.matmul(x, tile.T, out=target)
+            else:  # BLAS writes contiguous rows; numpy would loop slowly into a strided out
+                target[:] = np.matmul(x, tile.T, out=self._buffer("tile_out", (len(x), r1 - r0)))
 
     def mul_mat(self, raw_w: np.ndarray, w_type, shape: tuple[int, int], x: np.ndarray) -> np.ndarray:
-        """x @ W.T for a weight given as raw GGUF data of any type (dequantized, then BLAS)."""
-        w = dequantize(raw_w.reshape(-1).view(np.uint8), w_type, shape[0] * shape[1]).reshape(shape)
-        return self.matmul(x, w)
+        """x @ W.T for a weight given as raw GGUF data of any type."""
+        return self.matmul(x, self.load_weight(raw_w, w_type, shape))
 
     @staticmethod
-    def get_rows(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        return table[ids]
+    def get_rows(table, ids: np.ndarray) -> np.ndarray:
+        """Rows `ids` of a table; a quantized one is dequantized row by row, only those rows."""
+        if not isinstance(table, QuantWeight):
+            return table[ids]
+        (part,) = table.parts
+        out = np.empty((len(ids), table.n_in), dtype=np.float32)
+        qkernels().DEQUANT[part.qtype](part.raw, np.asarray(ids, dtype=np.int64), out)
+        return out
 
-    @staticmethod
-    def get_rows_raw(raw: np.ndarray, w_type, shape: tuple[int, int], ids: np.ndarray) -> np.ndarray:
-        """Rows of a raw (possibly quantized) table, dequantized one row at a time."""
-        row_bytes = raw.size * raw.itemsize // shape[0]
-        rows = raw.reshape(-1).view(np.uint8).reshape(shape[0], row_bytes)[ids]
-        return dequantize(rows.reshape(-1), w_type, len(ids) * shape[1]).reshape(len(ids), shape[1])
+    def get_rows_raw(self, raw: np.ndarray, w_type, shape: tuple[int, int], ids: np.ndarray) -> np.ndarray:
+        """Rows of a raw (possibly quantized) table."""
+        return self.get_rows(self.load_weight(raw, w_type, shape), ids)
 
     @staticmethod
     def set_rows(dst: np.ndarray, ids: np.ndarray, src: np.ndarray, qtype=None) -> np.ndarray:
@@ -243,14 +313,28 @@ class CPUBackend(ArrayAlgebra):
             mask = np.zeros((q.shape[0], n_kv), dtype=np.float32)
         slopes = alibi_slopes(q.shape[1], max_bias)
         path = path or self.attn_path
+        if len(q) <= KERNEL_MAX_QUERIES and path != "sparse" and _same_kernel_rows(k, v):
+            return self._attend_rows(q, k, v, mask, scale, softcap, sinks, slopes)
         sparse = n_kv_max > 0 and path != "dense" and (path == "sparse" or n_kv >= max(SPARSE_MIN_KV, 2 * n_kv_max))
-        args = (q, k.astype(np.float32, copy=False), v.astype(np.float32, copy=False), mask, scale, softcap,
-                sinks, slopes)
+        args = (q, as_float(k), as_float(v), mask, scale, softcap, sinks, slopes)
         if sparse:
             out = self._attend_sparse(*args, n_kv_max=min(n_kv_max, n_kv))
             if out is not None:
                 return out
         return self._attend_dense(*args)
+
+    @staticmethod
+    def _attend_rows(q, k, v, mask, scale, softcap, sinks, slopes) -> np.ndarray:
+        """A few query rows: the numba kernel reads the cache rows in their stored type and skips
+        the cells the mask hides (so a sparse mask costs only what it keeps)."""
+        n_tokens, n_head, _ = q.shape
+        out = np.empty((n_tokens, n_head, v.shape[2]), dtype=np.float32)
+        (k_raw, k_type), (v_raw, _) = _kernel_rows(k), _kernel_rows(v)
+        sinks = np.full(n_head, -np.inf, np.float32) if sinks is None else np.asarray(sinks, np.float32)
+        qkernels().ATTEND[k_type](np.ascontiguousarray(q, dtype=np.float32), k_raw, v_raw, k.shape[1],
+                                  np.ascontiguousarray(mask, dtype=np.float32), np.float32(scale),
+                                  np.float32(softcap), slopes, sinks, out)
+        return out
 
     @staticmethod
     def _scores(qg, keys_t, scale, softcap, slopes_g, mask_part):
@@ -371,3 +455,44 @@ class CPUBackend(ArrayAlgebra):
         vals = np.take_along_axis(x, part, axis=-1)
         order = np.lexsort((part, -vals), axis=-1)
         return np.take_along_axis(part, order, axis=-1).astype(np.int32)
+
+
+def qkernels():
+    """The numba kernels, imported (and compiled, or loaded from numba's cache) on first use."""
+    try:
+        from . import qkernels as kernels
+    except ImportError as e:
+        raise LLMError(f"the cpu backend needs numba for its quantized kernels ({e}); pip install numba") from None
+    return kernels
+
+
+def _kernel_rows(x) -> tuple[np.ndarray, int] | None:
+    """Cache rows as (n, row_bytes) bytes and their type, where the attention kernel reads them:
+    contiguous f32/f16 rows or q8_0/q4_0 blocks, heads a whole number of 32-value blocks."""
+    if isinstance(x, BlockRows):
+        return (x.raw, x.qtype) if x.head_dim % 32 == 0 else None
+    if x.dtype not in (np.float32, np.float16) or x.shape[2] % 32 or not x.flags.c_contiguous:
+        return None
+    qtype = GGMLQuantizationType.F32 if x.dtype == np.float32 else GGMLQuantizationType.F16
+    return x.reshape(len(x), -1).view(np.uint8), int(qtype)
+
+
+def _same_kernel_rows(k, v) -> bool:
+    """Whether the attention kernel reads K and V in place: both suitable, of one type."""
+    rows_k, rows_v = _kernel_rows(k), _kernel_rows(v)
+    return rows_k is not None and rows_v is not None and rows_k[1] == rows_v[1]
+
+
+def as_float(x) -> np.ndarray:
+    """Cache rows (an f32/f16 array or BlockRows) as float32 (n, heads, head_dim)."""
+    if isinstance(x, BlockRows):
+        return x.to_float()
+    return x.astype(np.float32, copy=False)
+
+
+def dequantize_all(w) -> np.ndarray:
+    """A weight as one float32 matrix (for the rare paths that need it whole)."""
+    if not isinstance(w, QuantWeight):
+        return w
+    return np.concatenate([dequantize(p.raw.reshape(-1), GGMLQuantizationType(p.qtype), p.n_out * w.n_in)
+                           .reshape(p.n_out, w.n_in) for p in w.parts])

@@ -114,11 +114,14 @@ class CUDABackend(ArrayAlgebra):
 
     # ---- weights -------------------------------------------------------------------------
 
-    def load_weight(self, raw: np.ndarray, qtype, shape: tuple[int, ...]):
+    def prepare(self, weight_types) -> None:
+        """Nothing to do: the kernels were compiled when the backend started."""
+
+    def load_weight(self, raw: np.ndarray, qtype, shape: tuple[int, ...], name: str = ""):
         """A GGUF tensor on the device: f16 for matrices (expanded by kernels), f32 for vectors."""
         n = int(np.prod(shape))
         if len(shape) == 1:
-            return cp.asarray(dequantize(raw, qtype, n))
+            return cp.asarray(dequantize(raw, qtype, n, name=name))
         return self._expand_f16(cp.asarray(raw.reshape(-1).view(np.uint8)), qtype, n).reshape(shape)
 
     def _expand_f16(self, data, qtype, n: int):

@@ -419,8 +419,8 @@ class KVCacheContext(MemoryContext):
         shape, windowed = self.cache.layers[il], il in self.cache.swa_layers
         out = []
         for st, rows, n_kv, mask in self._stream_masks(windowed):
-            k = self.cache.k[il].read(st, n_kv).reshape(n_kv, shape.n_head_kv, shape.head_dim_k)
-            v = self.cache.v[il].read(st, n_kv).reshape(n_kv, shape.n_head_kv, shape.head_dim_v)
+            k = self.cache.k[il].read(st, n_kv, shape.n_head_kv)
+            v = self.cache.v[il].read(st, n_kv, shape.n_head_kv)
             out.append(AttnGroup(rows, k, v, mask, self.cache.n_swa if windowed else 0))
         return out
 

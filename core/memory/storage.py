@@ -10,6 +10,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from ..errors import InvalidInputError
+from ..backend.weights import BlockRows
 from ..quants import dequantize_rows, quantize_rows
 
 FLOAT_TYPES = {"f32": np.float32, "f16": np.float16}
@@ -61,10 +62,13 @@ class KVStorage:
         else:
             self.data[self.xp.asarray(streams), self.xp.asarray(cells)] = rows
 
-    def read(self, stream: int, n: int):
-        """The first n cells of a stream: a view of f32/f16 rows, or q8_0/q4_0 rows as float32."""
+    def read(self, stream: int, n: int, n_head: int):
+        """The first n cells of a stream as stored, (n, n_head, head_dim): a view of f32/f16 rows,
+        or the q8_0/q4_0 blocks as `BlockRows` (attention kernels read both without a copy)."""
         rows = self.data[stream, :n]
-        return rows if self.qtype is None else dequantize_rows(rows, self.qtype)
+        if self.qtype is None:
+            return rows.reshape(n, n_head, -1)
+        return BlockRows(rows, int(self.qtype), n_head, self.dim // n_head)
 
     def to_float(self, raw):
         if self.qtype is not None:

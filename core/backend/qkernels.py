@@ -1,0 +1,626 @@
+"""CPU kernels over weights kept in their GGUF types, compiled with numba (cached on disk).
+
+A weight is its raw bytes as a `(n_out, row_bytes)` uint8 array. One block decoder per type
+writes a block's values as float32 with ggml's arithmetic. Per type, two kernels use it:
+
+- `MATVEC[type](w, x, out)`: `out[i, r] = x[i] · W[r]` for a few activation rows, parallel over
+  W's rows. A weight row (a few hundred bytes) is read from memory once and stays in L1 for the
+  other activation rows; it is never written out as float32. The dot keeps one partial sum per
+  position of a 32-value group (`lanes`), which LLVM turns into vector registers; the types the
+  real models use have the decode fused into the dot, the others decode a block into a buffer
+  first (about 4x slower).
+- `DEQUANT[type](w, rows, out)`: the rows `rows` of W as float32, parallel over rows: the tiles
+  of a BLAS matmul for many activation rows, and embedding lookups. Exact (no fused
+  multiply-add here), so the values equal `quants.dequantize` bit for bit.
+
+Each kernel is its own small numba function: numba caches top-level functions on disk, and a
+single kernel switching on the type would take many minutes to compile. `attend` kernels read
+KV-cache rows (F32, F16, Q8_0, Q4_0) in place. Type ids are ggml's (`GGMLQuantizationType`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 10, 11, 12, 13, 14, 30
+# values per block and bytes per block of each type this file decodes
+ROWS_PER_TASK = 32  # weight rows a worker takes at a time (its buffers are allocated once per task)
+RUN = 32  # values decoded at a time for float types, and the legacy blocks
+BLOCK = {F32: 1, F16: 1, BF16: 1, Q4_0: 32, Q4_1: 32, Q5_0: 32, Q5_1: 32, Q8_0: 32,
+         Q2_K: 256, Q3_K: 256, Q4_K: 256, Q5_K: 256, Q6_K: 256}
+TYPE_SIZE = {F32: 4, F16: 2, BF16: 2, Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34,
+             Q2_K: 84, Q3_K: 110, Q4_K: 144, Q5_K: 176, Q6_K: 210}
+
+# every half's value, indexed by its bits (numba compiles this table into the kernels)
+_HALF = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+_FAST = {"nsz", "arcp", "contract", "afn", "reassoc"}
+
+
+@njit(inline="always")
+def _b(row, i):
+    """A byte as int32 (numba would type uint8-with-int64 arithmetic as float)."""
+    return np.int32(row[i])
+
+
+@njit(inline="always")
+def half(row, at):
+    """The IEEE half stored little-endian at row[at], row[at + 1] (one lookup in a 256 KB table)."""
+    return _HALF[_b(row, at) | (_b(row, at + 1) << 8)]
+
+
+# ---- block decoders: (row bytes, block index, out) -------------------------------------------
+
+@njit(inline="always")
+def _q4_0(row, b, out, o):
+    at = b * 18
+    d = half(row, at)
+    for j in range(16):
+        q = _b(row, at + 2 + j)
+        out[o + j] = np.float32(np.int32(q & 15) - 8) * d
+        out[o + j + 16] = np.float32(np.int32(q >> 4) - 8) * d
+
+
+@njit(inline="always")
+def _q4_1(row, b, out, o):
+    at = b * 20
+    d, m = half(row, at), half(row, at + 2)
+    for j in range(16):
+        q = _b(row, at + 4 + j)
+        out[o + j] = np.float32(q & 15) * d + m
+        out[o + j + 16] = np.float32(q >> 4) * d + m
+
+
+@njit(inline="always")
+def _q5_0(row, b, out, o):
+    at = b * 22
+    d = half(row, at)
+    qh = _b(row, at + 2) | (_b(row, at + 3) << 8) | (_b(row, at + 4) << 16) | (_b(row, at + 5) << 24)
+    for j in range(16):
+        q = _b(row, at + 6 + j)
+        lo = (q & 15) | (((qh >> j) & 1) << 4)
+        hi = (q >> 4) | (((qh >> (j + 16)) & 1) << 4)
+        out[o + j] = np.float32(lo - 16) * d
+        out[o + j + 16] = np.float32(hi - 16) * d
+
+
+@njit(inline="always")
+def _q5_1(row, b, out, o):
+    at = b * 24
+    d, m = half(row, at), half(row, at + 2)
+    qh = _b(row, at + 4) | (_b(row, at + 5) << 8) | (_b(row, at + 6) << 16) | (_b(row, at + 7) << 24)
+    for j in range(16):
+        q = _b(row, at + 8 + j)
+        lo = (q & 15) | (((qh >> j) & 1) << 4)
+        hi = (q >> 4) | (((qh >> (j + 16)) & 1) << 4)
+        out[o + j] = np.float32(lo) * d + m
+        out[o + j + 16] = np.float32(hi) * d + m
+
+
+@njit(inline="always")
+def _q8_0(row, b, out, o):
+    at = b * 34
+    d = half(row, at)
+    for j in range(32):
+        out[o + j] = np.float32(np.int8(_b(row, at + 2 + j))) * d
+
+
+@njit(inline="always")
+def _k_scale_min(row, at, j):
+    """The 6-bit scale and min of sub-block j from Q4_K/Q5_K's 12 packed bytes at row[at]."""
+    if j < 4:
+        return np.float32(_b(row, at + j) & 63), np.float32(_b(row, at + j + 4) & 63)
+    sc = (_b(row, at + j + 4) & 15) | ((_b(row, at + j - 4) >> 6) << 4)
+    mn = (_b(row, at + j + 4) >> 4) | ((_b(row, at + j) >> 6) << 4)
+    return np.float32(sc), np.float32(mn)
+
+
+@njit(inline="always")
+def _q4_k(row, b, out, o):
+    at = b * 144
+    d, dmin = half(row, at), half(row, at + 2)
+    for j in range(8):
+        sc, mn = _k_scale_min(row, at + 4, j)
+        scale, offset = d * sc, dmin * mn
+        qs = at + 16 + (j // 2) * 32
+        shift = 4 * (j % 2)
+        for ll in range(32):
+            out[o + j * 32 + ll] = scale * np.float32((_b(row, qs + ll) >> shift) & 15) - offset
+
+
+@njit(inline="always")
+def _q5_k(row, b, out, o):
+    at = b * 176
+    d, dmin = half(row, at), half(row, at + 2)
+    for j in range(8):
+        sc, mn = _k_scale_min(row, at + 4, j)
+        scale, offset = d * sc, dmin * mn
+        qs = at + 48 + (j // 2) * 32
+        shift = 4 * (j % 2)
+        for ll in range(32):
+            q = ((_b(row, qs + ll) >> shift) & 15) | (((_b(row, at + 16 + ll) >> j) & 1) << 4)
+            out[o + j * 32 + ll] = scale * np.float32(q) - offset
+
+
+@njit(inline="always")
+def _q6_k(row, b, out, o):
+    at = b * 210
+    d = half(row, at + 208)
+    for n in range(2):  # two halves of 128 values
+        ql, qh, sc = at + 64 * n, at + 128 + 32 * n, at + 192 + 8 * n
+        base = 128 * n
+        for ll in range(32):
+            h = _b(row, qh + ll)
+            q1 = np.int32((_b(row, ql + ll) & 15) | ((h & 3) << 4)) - 32
+            q2 = np.int32((_b(row, ql + ll + 32) & 15) | (((h >> 2) & 3) << 4)) - 32
+            q3 = np.int32((_b(row, ql + ll) >> 4) | (((h >> 4) & 3) << 4)) - 32
+            q4 = np.int32((_b(row, ql + ll + 32) >> 4) | (((h >> 6) & 3) << 4)) - 32
+            s = ll // 16
+            out[o + base + ll] = (d * np.float32(np.int8(_b(row, sc + s)))) * np.float32(q1)
+            out[o + base + ll + 32] = (d * np.float32(np.int8(_b(row, sc + s + 2)))) * np.float32(q2)
+            out[o + base + ll + 64] = (d * np.float32(np.int8(_b(row, sc + s + 4)))) * np.float32(q3)
+            out[o + base + ll + 96] = (d * np.float32(np.int8(_b(row, sc + s + 6)))) * np.float32(q4)
+
+
+@njit(inline="always")
+def _q2_k(row, b, out, o):
+    at = b * 84
+    d, dmin = half(row, at + 80), half(row, at + 82)
+    for n in range(2):
+        for shift in range(4):
+            for half_ in range(2):
+                sc = _b(row, at + n * 8 + shift * 2 + half_)
+                dl, ml = d * np.float32(sc & 15), dmin * np.float32(sc >> 4)
+                qs = at + 16 + n * 32 + half_ * 16
+                base = n * 128 + shift * 32 + half_ * 16
+                for ll in range(16):
+                    out[o + base + ll] = dl * np.float32((_b(row, qs + ll) >> (2 * shift)) & 3) - ml
+
+
+@njit(inline="always")
+def _q3_k_scale(row, at, j):
+    """Sub-block j's signed 6-bit scale from Q3_K's 12 packed bytes at row[at]."""
+    lo = (_b(row, at + j) & 15) if j < 8 else (_b(row, at + j - 8) >> 4)
+    hi = (_b(row, at + 8 + j % 4) >> (2 * (j // 4))) & 3
+    return np.float32(np.int32(lo | (hi << 4)) - 32)
+
+
+@njit(inline="always")
+def _q3_k(row, b, out, o):
+    at = b * 110
+    d = half(row, at + 108)
+    for n in range(2):
+        for shift in range(4):
+            for half_ in range(2):
+                j = n * 8 + shift * 2 + half_
+                scale = d * _q3_k_scale(row, at + 96, j)
+                qs = at + 32 + n * 32 + half_ * 16
+                bit = 4 * n + shift
+                base = n * 128 + shift * 32 + half_ * 16
+                for ll in range(16):
+                    q = np.int32((_b(row, qs + ll) >> (2 * shift)) & 3)
+                    if not (_b(row, at + half_ * 16 + ll) >> bit) & 1:
+                        q -= 4
+                    out[o + base + ll] = scale * np.float32(q)
+
+
+@njit(inline="always")
+def _f32(row, b, out, o):
+    src = row.view(np.float32)
+    for j in range(RUN):
+        out[o + j] = src[b * RUN + j]
+
+
+@njit(inline="always")
+def _f16(row, b, out, o):
+    _f16_values(row.view(np.uint16), b * RUN, RUN, out, o)
+
+
+@njit(inline="always")
+def _bf16(row, b, out, o):
+    src, bits = row.view(np.uint16), out.view(np.int32)
+    for j in range(RUN):
+        bits[o + j] = np.int32(src[b * RUN + j]) << 16
+
+
+@njit(inline="always")
+def _f16_values(src, start, n, out, o):
+    """n halves src[start:start + n] (uint16 bits) as float32 into out[o:o + n]: a half's sign,
+    exponent and mantissa placed in a float's bits and rescaled by 2**112, exact for every finite
+    half (subnormals included; inf and nan are not expected in weights or caches), in two loops
+    LLVM vectorizes."""
+    bits = out.view(np.int32)
+    for j in range(n):
+        h = np.int32(src[start + j])
+        bits[o + j] = ((h & 0x8000) << 16) | ((h & 0x7FFF) << 13)
+    for j in range(n):
+        out[o + j] *= np.float32(5.192296858534828e33)
+
+
+# ---- dots: one weight row with one activation row ---------------------------------------------
+
+@njit(inline="always")
+def _dot_decoded(row, x, lanes, vals, decoder, run):
+    """Decode each block into vals, then accumulate per lane."""
+    lanes[:] = 0.0
+    for b in range(x.shape[0] // run):
+        decoder(row, b, vals, 0)
+        for j in range(run):
+            lanes[j] += vals[j] * x[b * run + j]
+    return lanes.sum()
+
+
+@njit(inline="always")
+def _dot_q8_0(row, x, lanes):
+    q = row.view(np.int8)
+    lanes[:] = 0.0
+    for b in range(x.shape[0] // 32):
+        at = b * 34
+        d = half(row, at)
+        for j in range(32):
+            lanes[j] += d * (np.float32(q[at + 2 + j]) * x[b * 32 + j])
+    return lanes.sum()
+
+
+@njit(inline="always")
+def _dot_q4_0(row, x, lanes):
+    lanes[:] = 0.0
+    for b in range(x.shape[0] // 32):
+        at = b * 18
+        d = half(row, at)
+        for j in range(16):
+            q = _b(row, at + 2 + j)
+            lanes[j] += d * (np.float32((q & 15) - 8) * x[b * 32 + j])
+            lanes[j + 16] += d * (np.float32((q >> 4) - 8) * x[b * 32 + 16 + j])
+    return lanes.sum()
+
+
+@njit(inline="always")
+def _dot_q4_1(row, x, lanes):
+    lanes[:] = 0.0
+    for b in range(x.shape[0] // 32):
+        at = b * 20
+        d, m = half(row, at), half(row, at + 2)
+        for j in range(16):
+            q = _b(row, at + 4 + j)
+            lanes[j] += (d * np.float32(q & 15) + m) * x[b * 32 + j]
+            lanes[j + 16] += (d * np.float32(q >> 4) + m) * x[b * 32 + 16 + j]
+    return lanes.sum()
+
+
+@njit(inline="always")
+def _dot_q5_0(row, x, lanes):
+    lanes[:] = 0.0
+    for b in range(x.shape[0] // 32):
+        at = b * 22
+        d = half(row, at)
+        qh = _b(row, at + 2) | (_b(row, at + 3) << 8) | (_b(row, at + 4) << 16) | (_b(row, at + 5) << 24)
+        for j in range(16):
+            q = _b(row, at + 6 + j)
+            lo = (q & 15) | (((qh >> j) & 1) << 4)
+            hi = (q >> 4) | (((qh >> (j + 16)) & 1) << 4)
+            lanes[j] += d * (np.float32(lo - 16) * x[b * 32 + j])
+            lanes[j + 16] += d * (np.float32(hi - 16) * x[b * 32 + 16 + j])
+    return lanes.sum()
+
+
+@njit(inline="always")
+def _dot_q4_k(row, x, lanes):
+    lanes[:] = 0.0
+    for b in range(x.shape[0] // 256):
+        at = b * 144
+        d, dmin = half(row, at), half(row, at + 2)
+        for j in range(8):
+            sc, mn = _k_scale_min(row, at + 4, j)
+            scale, offset = d * sc, dmin * mn
+            qs, shift, base = at + 16 + (j // 2) * 32, 4 * (j % 2), b * 256 + j * 32
+            for ll in range(32):
+                lanes[ll] += (scale * np.float32((_b(row, qs + ll) >> shift) & 15) - offset) * x[base + ll]
+    return lanes.sum()
+
+
+@njit(inline="always")
+def _dot_q5_k(row, x, lanes):
+    lanes[:] = 0.0
+    for b in range(x.shape[0] // 256):
+        at = b * 176
+        d, dmin = half(row, at), half(row, at + 2)
+        for j in range(8):
+            sc, mn = _k_scale_min(row, at + 4, j)
+            scale, offset = d * sc, dmin * mn
+            qs, shift, base = at + 48 + (j // 2) * 32, 4 * (j % 2), b * 256 + j * 32
+            for ll in range(32):
+                q = ((_b(row, qs + ll) >> shift) & 15) | (((_b(row, at + 16 + ll) >> j) & 1) << 4)
+                lanes[ll] += (scale * np.float32(q) - offset) * x[base + ll]
+    return lanes.sum()
+
+
+@njit(inline="always")
+def _dot_q6_k(row, x, lanes):
+    lanes[:] = 0.0
+    for b in range(x.shape[0] // 256):
+        at = b * 210
+        d = half(row, at + 208)
+        for n in range(2):
+            ql, qh, sc = at + 64 * n, at + 128 + 32 * n, at + 192 + 8 * n
+            for k in range(4):
+                low_at, low_shift, base = ql + 32 * (k % 2), 4 * (k // 2), b * 256 + 128 * n + 32 * k
+                scale_lo = d * np.float32(np.int8(_b(row, sc + 2 * k)))
+                scale_hi = d * np.float32(np.int8(_b(row, sc + 1 + 2 * k)))
+                for ll in range(32):
+                    q = ((_b(row, low_at + ll) >> low_shift) & 15) | (((_b(row, qh + ll) >> (2 * k)) & 3) << 4)
+                    lanes[ll] += (scale_lo if ll < 16 else scale_hi) * np.float32(q - 32) * x[base + ll]
+    return lanes.sum()
+
+
+# ---- drivers ------------------------------------------------------------------------------------
+
+@njit(inline="always")
+def _matvec_fused(w, x, out, dot):
+    n_out = w.shape[0]
+    for c in prange((n_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        lanes = np.empty(32, dtype=np.float32)
+        for r in range(c * ROWS_PER_TASK, min((c + 1) * ROWS_PER_TASK, n_out)):
+            for i in range(x.shape[0]):
+                out[i, r] = dot(w[r], x[i], lanes)
+
+
+@njit(inline="always")
+def _matvec_decoded(w, x, out, decoder, run):
+    n_out = w.shape[0]
+    for c in prange((n_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        lanes = np.empty(run, dtype=np.float32)
+        vals = np.empty(run, dtype=np.float32)
+        for r in range(c * ROWS_PER_TASK, min((c + 1) * ROWS_PER_TASK, n_out)):
+            for i in range(x.shape[0]):
+                out[i, r] = _dot_decoded(w[r], x[i], lanes, vals, decoder, run)
+
+
+@njit(inline="always")
+def _dequant(w, rows, out, decoder, run):
+    for i in range(len(rows)):
+        row, dst = w[rows[i]], out[i]
+        for b in range(out.shape[1] // run):
+            decoder(row, b, dst, b * run)
+
+
+@njit(parallel=True, cache=True, fastmath=_FAST)
+def matvec_f32(w, x, out):
+    _matvec_decoded(w, x, out, _f32, RUN)
+
+
+@njit(cache=True)
+def dequant_f32(w, rows, out):
+    _dequant(w, rows, out, _f32, RUN)
+
+
+@njit(parallel=True, cache=True, fastmath=_FAST)
+def matvec_f16(w, x, out):
+    _matvec_decoded(w, x, out, _f16, RUN)
+
+
+@njit(cache=True)
+def dequant_f16(w, rows, out):
+    _dequant(w, rows, out, _f16, RUN)
+
+
+@njit(parallel=True, cache=True, fastmath=_FAST)
+def matvec_bf16(w, x, out):
+    _matvec_decoded(w, x, out, _bf16, RUN)
+
+
+@njit(cache=True)
+def dequant_bf16(w, rows, out):
+    _dequant(w, rows, out, _bf16, RUN)
+
+
+@njit(parallel=True, cache=True, fastmath=_FAST)
+def matvec_q4_0(w, x, out):
+    _matvec_fused(w, x, out, _dot_q4_0)
+
+
+@njit(cache=True)
+def dequant_q4_0(w, rows, out):
+    _dequant(w, rows, out, _q4_0, 32)
+
+
+@njit(parallel=True, cache=True, fastmath=_FAST)
+def matvec_q4_1(w, x, out):
+    _matvec_fused(w, x, out, _dot_q4_1)
+
+
+@njit(cache=True)
+def dequant_q4_1(w, rows, out):
+    _dequant(w, rows, out, _q4_1, 32)
+
+
+@njit(parallel=True, cache=True, fastmath=_FAST)
+def matvec_q5_0(w, x, out):
+    _matvec_fused(w, x, out, _dot_q5_0)
+
+
+@njit(cache=True)
+def dequant_q5_0(w, rows, out):
+    _dequant(w, rows, out, _q5_0, 32)
+
+
+@njit(parallel=True, cache=True, fastmath=_FAST)
+def matvec_q5_1(w, x, out):
+    _matvec_decoded(w, x, out, _q5_1, 32)
+
+
+@njit(cache=True)
+def dequant_q5_1(w, rows, out):
+    _dequant(w, rows, out, _q5_1, 32)
+
+
+@njit(parallel=True, cache=True, fastmath=_FAST)
+def matvec_q8_0(w, x, out):
+    _matvec_fused(w, x, out, _dot_q8_0)
+
+
+@njit(cache=True)
+def dequant_q8_0(w, rows, out):
+    _dequant(w, rows, out, _q8_0, 32)
+
+
+@njit(parallel=True, cache=True, fastmath=_FAST)
+def matvec_q2_k(w, x, out):
+    _matvec_decoded(w, x, out, _q2_k, 256)
+
+
+@njit(cache=True)
+def dequant_q2_k(w, rows, out):
+    _dequant(w, rows, out, _q2_k, 256)
+
+
+@njit(parallel=True, cache=True, fastmath=_FAST)
+def matvec_q3_k(w, x, out):
+    _matvec_decoded(w, x, out, _q3_k, 256)
+
+
+@njit(cache=True)
+def dequant_q3_k(w, rows, out):
+    _dequant(w, rows, out, _q3_k, 256)
+
+
+@njit(parallel=True, cache=True, fastmath=_FAST)
+def matvec_q4_k(w, x, out):
+    _matvec_fused(w, x, out, _dot_q4_k)
+
+
+@njit(cache=True)
+def dequant_q4_k(w, rows, out):
+    _dequant(w, rows, out, _q4_k, 256)
+
+
+@njit(parallel=True, cache=True, fastmath=_FAST)
+def matvec_q5_k(w, x, out):
+    _matvec_fused(w, x, out, _dot_q5_k)
+
+
+@njit(cache=True)
+def dequant_q5_k(w, rows, out):
+    _dequant(w, rows, out, _q5_k, 256)
+
+
+@njit(parallel=True, cache=True, fastmath=_FAST)
+def matvec_q6_k(w, x, out):
+    _matvec_fused(w, x, out, _dot_q6_k)
+
+
+@njit(cache=True)
+def dequant_q6_k(w, rows, out):
+    _dequant(w, rows, out, _q6_k, 256)
+
+
+MATVEC = {F32: matvec_f32, F16: matvec_f16, BF16: matvec_bf16, Q4_0: matvec_q4_0, Q4_1: matvec_q4_1,
+          Q5_0: matvec_q5_0, Q5_1: matvec_q5_1, Q8_0: matvec_q8_0, Q2_K: matvec_q2_k, Q3_K: matvec_q3_k,
+          Q4_K: matvec_q4_k, Q5_K: matvec_q5_k, Q6_K: matvec_q6_k}
+DEQUANT = {F32: dequant_f32, F16: dequant_f16, BF16: dequant_bf16, Q4_0: dequant_q4_0, Q4_1: dequant_q4_1,
+           Q5_0: dequant_q5_0, Q5_1: dequant_q5_1, Q8_0: dequant_q8_0, Q2_K: dequant_q2_k, Q3_K: dequant_q3_k,
+           Q4_K: dequant_q4_k, Q5_K: dequant_q5_k, Q6_K: dequant_q6_k}
+
+
+# ---- attention over cache rows in their stored type ------------------------------------------
+
+ATTN_CHUNK = 64  # cells scored together before their values are summed
+
+
+@njit(inline="always")
+def _cache_values(row, start, n, out, decoder):
+    """Values [start, start + n) of a cache row into out[:n], 32 at a time."""
+    for b in range(n // 32):
+        decoder(row, start // 32 + b, out, b * 32)
+
+
+@njit(inline="always")
+def _attend(q, k, v, n_head_kv, mask, scale, softcap, slopes, sinks, out, decoder):
+    """Attention of a few query rows over cache rows read in their stored type.
+
+    q (n_q, n_head, d_k) f32; k, v (n_kv, row_bytes) uint8: row c holds n_head_kv heads of d_k
+    (d_v) values; mask (n_q, n_kv) with -inf for cells a row does not see (skipped unread);
+    slopes and sinks per query head (sink -inf: none); out (n_q, n_head, d_v). Each (row, KV
+    head) task keeps an online softmax for its group of query heads over chunks of cells."""
+    n_q, n_head, d_k = q.shape
+    d_v = out.shape[2]
+    n_kv = mask.shape[1]
+    group = n_head // n_head_kv
+    for task in prange(n_q * n_head_kv):
+        t, h = task // n_head_kv, task % n_head_kv
+        kbuf = np.empty(d_k, dtype=np.float32)
+        vbuf = np.empty(d_v, dtype=np.float32)
+        scores = np.empty((group, ATTN_CHUNK), dtype=np.float32)
+        cells = np.empty(ATTN_CHUNK, dtype=np.int64)
+        m = np.full(group, -np.inf, dtype=np.float32)
+        total = np.zeros(group, dtype=np.float32)
+        acc = np.zeros((group, d_v), dtype=np.float32)
+        c0 = 0
+        while c0 < n_kv:
+            n = 0
+            while c0 < n_kv and n < ATTN_CHUNK:  # the next chunk of visible cells
+                if mask[t, c0] != -np.inf:
+                    cells[n] = c0
+                    n += 1
+                c0 += 1
+            for i in range(n):
+                _cache_values(k[cells[i]], h * d_k, d_k, kbuf, decoder)
+                for g in range(group):
+                    s = np.float32(0.0)
+                    for j in range(d_k):
+                        s += q[t, h * group + g, j] * kbuf[j]
+                    s *= scale
+                    if softcap > 0:
+                        s = softcap * np.tanh(s / softcap)
+                    scores[g, i] = s + slopes[h * group + g] * mask[t, cells[i]]
+            for g in range(group):
+                m_new = m[g]
+                for i in range(n):
+                    m_new = max(m_new, scores[g, i])
+                alpha = np.exp(m[g] - m_new) if m[g] != -np.inf else np.float32(0.0)
+                total[g] *= alpha
+                for j in range(d_v):
+                    acc[g, j] *= alpha
+                for i in range(n):
+                    scores[g, i] = np.exp(scores[g, i] - m_new)
+                    total[g] += scores[g, i]
+                m[g] = m_new
+            for i in range(n):
+                _cache_values(v[cells[i]], h * d_v, d_v, vbuf, decoder)
+                for g in range(group):
+                    p = scores[g, i]
+                    for j in range(d_v):
+                        acc[g, j] += p * vbuf[j]
+        for g in range(group):
+            head = h * group + g
+            denom, rescale = total[g], np.float32(1.0)
+            if sinks[head] != -np.inf:  # the sink joins the softmax's denominator only
+                top = max(m[g], sinks[head])
+                rescale = np.exp(m[g] - top) if m[g] != -np.inf else np.float32(0.0)
+                denom = denom * rescale + np.exp(sinks[head] - top)
+            for j in range(d_v):
+                out[t, head, j] = acc[g, j] * rescale / denom if denom > 0 else np.float32(0.0)
+
+
+@njit(parallel=True, cache=True, fastmath=_FAST)
+def attend_f32(q, k, v, n_head_kv, mask, scale, softcap, slopes, sinks, out):
+    _attend(q, k, v, n_head_kv, mask, scale, softcap, slopes, sinks, out, _f32)
+
+
+@njit(parallel=True, cache=True, fastmath=_FAST)
+def attend_f16(q, k, v, n_head_kv, mask, scale, softcap, slopes, sinks, out):
+    _attend(q, k, v, n_head_kv, mask, scale, softcap, slopes, sinks, out, _f16)
+
+
+@njit(parallel=True, cache=True, fastmath=_FAST)
+def attend_q8_0(q, k, v, n_head_kv, mask, scale, softcap, slopes, sinks, out):
+    _attend(q, k, v, n_head_kv, mask, scale, softcap, slopes, sinks, out, _q8_0)
+
+
+@njit(parallel=True, cache=True, fastmath=_FAST)
+def attend_q4_0(q, k, v, n_head_kv, mask, scale, softcap, slopes, sinks, out):
+    _attend(q, k, v, n_head_kv, mask, scale, softcap, slopes, sinks, out, _q4_0)
+
+
+ATTEND = {F32: attend_f32, F16: attend_f16, Q8_0: attend_q8_0, Q4_0: attend_q4_0}

@@ -1,0 +1,80 @@
+"""`QuantWeight`: a matmul weight kept in its GGUF type on the CPU, as views of the mapped file.
+
+A weight is one or more parts stacked along the output dimension (q|k|v, gate|up), each part a
+`(n_out_i, row_bytes)` uint8 array of ggml blocks and its type id. Parts are never copied or
+joined: the kernels write each part's outputs into its columns of the result, so the file's pages
+are the only copy of the weights in memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+
+@dataclass(frozen=True)
+class WeightPart:
+    raw: np.ndarray  # (n_out, row_bytes) uint8
+    qtype: int
+    n_out: int
+
+
+@dataclass(frozen=True)
+class QuantWeight:
+    parts: tuple[WeightPart, ...]
+    n_in: int
+
+    @classmethod
+    def from_raw(cls, raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, int]) -> "QuantWeight":
+        """A (n_out, n_in) weight from its raw bytes (any array whose bytes are the tensor's)."""
+        n_out, n_in = shape
+        block, type_size = GGML_QUANT_SIZES[qtype]
+        rows = np.asarray(raw).reshape(-1).view(np.uint8).reshape(n_out, n_in // block * type_size)
+        return cls((WeightPart(rows, int(qtype), n_out),), n_in)
+
+    @classmethod
+    def stack(cls, weights: list["QuantWeight"]) -> "QuantWeight":
+        n_in = {w.n_in for w in weights}
+        if len(n_in) != 1:
+            raise ValueError(f"stacked weights need one input size, not {sorted(n_in)}")
+        return cls(tuple(p for w in weights for p in w.parts), n_in.pop())
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return sum(p.n_out for p in self.parts), self.n_in
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.raw.nbytes for p in self.parts)
+
+    @property
+    def type_names(self) -> list[str]:
+        return [GGMLQuantizationType(p.qtype).name for p in self.parts]
+
+    def spans(self):
+        """(part, first output column) for every part."""
+        offset = 0
+        for part in self.parts:
+            yield part, offset
+            offset += part.n_out
+
+
+@dataclass(frozen=True)
+class BlockRows:
+    """Cache rows stored as ggml blocks (q8_0, q4_0): `raw` (n, row_bytes), each row holding
+    `n_head` heads of `head_dim` values. Kernels read them as they are; `to_float` expands them."""
+    raw: np.ndarray
+    qtype: int
+    n_head: int
+    head_dim: int
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return len(self.raw), self.n_head, self.head_dim
+
+    def to_float(self) -> np.ndarray:
+        from ..quants import dequantize_rows
+
+        return dequantize_rows(self.raw, GGMLQuantizationType(self.qtype)).reshape(self.shape)
