@@ -65,10 +65,10 @@ def test_prefill_shared_memory_fits_an_sm90_block():
         assert kernels.prefill_smem_bytes(d) + 4096 <= 227 * 1024
 
 
-def test_default_cache_type_follows_the_backend():
-    assert (default_cache_type("cpu"), default_cache_type("cuda")) == ("f32", "f16")
+def test_default_cache_type_is_f16_on_every_backend():
+    assert (default_cache_type("cpu"), default_cache_type("cuda")) == ("f16", "f16")
     test = parse_spec("tg8")
-    assert (Instance("m", test, backend="cuda").type_k, Instance("m", test).type_v) == ("f16", "f32")
+    assert (Instance("m", test, backend="cuda").type_k, Instance("m", test).type_v) == ("f16", "f16")
     assert Instance("m", test, backend="cuda", type_k="q8_0").type_k == "q8_0"
 
 
