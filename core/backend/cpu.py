@@ -18,8 +18,9 @@ from .weights import BlockRows, QuantWeight
 
 # Query rows per attention block: bounds the score matrix and lets causal blocks skip future keys.
 ATTN_BLOCK = 128
-# Keys per block of the online softmax, so very long caches never need a full score row.
-KV_BLOCK = 4096
+# Keys per block of the online softmax: very long caches never need a full score row, and f16
+# or quantized cache rows are converted a block at a time into a reused buffer.
+KV_BLOCK = 1024
 # Query rows compacted together on the sparse path.
 SPARSE_ROWS = 16
 # llama.cpp's rule for when gathering the finite columns pays: KV >= max(4096, 2 * n_kv_max).
@@ -29,9 +30,6 @@ SPARSE_MIN_KV = 4096
 FUSED_MAX_ROWS = 8
 # Weight rows per dequantized tile: about 2.5 MB of float32 at the models' widths (L2-sized).
 TILE_ROWS = 1024
-# Query rows up to which attention runs the numba kernel over the cache rows as stored
-# (decode and -np steps); prompts use the blocked BLAS path.
-KERNEL_MAX_QUERIES = 8
 # GGUF types the kernels read directly (qkernels.BLOCK); matrices of other types become float32.
 KERNEL_TYPES = frozenset(int(GGMLQuantizationType[name]) for name in (
     "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"))
@@ -80,8 +78,27 @@ class CPUBackend(ArrayAlgebra):
             self._buffers[slot] = np.empty(n, dtype=np.float32)
         return self._buffers[slot][:n].reshape(shape)
 
-    def _gather_rows(self, x: np.ndarray, idx: np.ndarray, slot: str) -> np.ndarray:
-        """x[idx] for x (n_kv, heads, d), into a reused buffer when x is contiguous."""
+    def _rows_f32(self, x, c0: int, c1: int, slot: str) -> np.ndarray:
+        """Cache rows [c0, c1) as float32 (cells, heads, d): a view of f32 rows; f16 rows and
+        q8_0/q4_0 blocks are converted by a kernel into a reused buffer, a KV block at a time, so
+        attention never makes a full-size float32 copy of the cache."""
+        if not isinstance(x, BlockRows) and x.dtype == np.float32:
+            return x[c0:c1]
+        raw, qtype = (x.raw, x.qtype) if isinstance(x, BlockRows) else \
+            (x.reshape(len(x), -1).view(np.uint8), int(GGMLQuantizationType.F16))
+        if qtype not in KERNEL_TYPES or raw.shape[1] % GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]:
+            return as_float(x)[c0:c1]
+        _, n_head, head_dim = x.shape
+        out = self._buffer(slot, (c1 - c0, n_head * head_dim))
+        qkernels().DEQUANT[qtype](raw, np.arange(c0, c1), out)
+        return out.reshape(c1 - c0, n_head, head_dim)
+
+    def _gather_rows(self, x, idx: np.ndarray, slot: str) -> np.ndarray:
+        """x[idx] for cache rows x (n_kv, heads, d) as float32, into a reused buffer when x is contiguous."""
+        if isinstance(x, BlockRows) or x.dtype != np.float32:
+            return as_float(x[idx] if not isinstance(x, BlockRows) else
+                            BlockRows(x.raw[idx.reshape(-1)], x.qtype, x.n_head, x.head_dim)).reshape(
+                                idx.shape + x.shape[1:])
         if not x.flags.c_contiguous:
             return x[idx]
         out = self._buffer(slot, (idx.size, x.shape[1] * x.shape[2]))
@@ -121,9 +138,8 @@ class CPUBackend(ArrayAlgebra):
                 w = np.zeros((1, 256 // block * type_size), dtype=np.uint8)
                 kernels.MATVEC[qtype](w, x, np.empty((1, 1), np.float32))
                 kernels.DEQUANT[qtype](w, np.zeros(1, np.int64), np.empty((1, 256), np.float32))
-            for cache in (np.zeros((1, 1, 32), np.float32), np.zeros((1, 1, 32), np.float16)):
-                self._attend_rows(np.ones((1, 1, 32), np.float32), cache, cache, np.zeros((1, 1), np.float32),
-                                  1.0, 0.0, None, np.ones(1, np.float32))
+            kernels.DEQUANT[int(GGMLQuantizationType.F16)](np.zeros((1, 64), np.uint8), np.zeros(1, np.int64),
+                                                          np.empty((1, 32), np.float32))  # f16 cache rows
         except LLMError:
             raise
         except Exception as e:  # numba's compile errors are long; the first line says what failed
@@ -313,28 +329,13 @@ class CPUBackend(ArrayAlgebra):
             mask = np.zeros((q.shape[0], n_kv), dtype=np.float32)
         slopes = alibi_slopes(q.shape[1], max_bias)
         path = path or self.attn_path
-        if len(q) <= KERNEL_MAX_QUERIES and path != "sparse" and _same_kernel_rows(k, v):
-            return self._attend_rows(q, k, v, mask, scale, softcap, sinks, slopes)
         sparse = n_kv_max > 0 and path != "dense" and (path == "sparse" or n_kv >= max(SPARSE_MIN_KV, 2 * n_kv_max))
-        args = (q, as_float(k), as_float(v), mask, scale, softcap, sinks, slopes)
+        args = (q, k, v, mask, scale, softcap, sinks, slopes)
         if sparse:
             out = self._attend_sparse(*args, n_kv_max=min(n_kv_max, n_kv))
             if out is not None:
                 return out
         return self._attend_dense(*args)
-
-    @staticmethod
-    def _attend_rows(q, k, v, mask, scale, softcap, sinks, slopes) -> np.ndarray:
-        """A few query rows: the numba kernel reads the cache rows in their stored type and skips
-        the cells the mask hides (so a sparse mask costs only what it keeps)."""
-        n_tokens, n_head, _ = q.shape
-        out = np.empty((n_tokens, n_head, v.shape[2]), dtype=np.float32)
-        (k_raw, k_type), (v_raw, _) = _kernel_rows(k), _kernel_rows(v)
-        sinks = np.full(n_head, -np.inf, np.float32) if sinks is None else np.asarray(sinks, np.float32)
-        qkernels().ATTEND[k_type](np.ascontiguousarray(q, dtype=np.float32), k_raw, v_raw, k.shape[1],
-                                  np.ascontiguousarray(mask, dtype=np.float32), np.float32(scale),
-                                  np.float32(softcap), slopes, sinks, out)
-        return out
 
     @staticmethod
     def _scores(qg, keys_t, scale, softcap, slopes_g, mask_part):
@@ -349,8 +350,6 @@ class CPUBackend(ArrayAlgebra):
         n_tokens, n_head, d_k = q.shape
         n_kv, n_head_kv, d_v = v.shape
         g = n_head // n_head_kv
-        keys = k.transpose(1, 2, 0)  # (h_kv, d_k, n_kv)
-        values = v.transpose(1, 0, 2)  # (h_kv, n_kv, d_v)
         slopes_g = slopes.reshape(n_head_kv, g, 1, 1)
         sink_g = None if sinks is None else sinks.astype(np.float32).reshape(n_head_kv, g, 1)
         out = np.zeros((n_tokens, n_head, d_v), dtype=np.float32)
@@ -366,13 +365,15 @@ class CPUBackend(ArrayAlgebra):
             acc = np.zeros((n_head_kv, g, t1 - t0, d_v), dtype=np.float32)
             for c0 in range(cols[0], cols[-1] + 1, KV_BLOCK):
                 c1 = min(c0 + KV_BLOCK, cols[-1] + 1)
-                s = self._scores(qg, keys[:, None, :, c0:c1], scale, softcap, slopes_g, mask[t0:t1, c0:c1])
+                keys = self._rows_f32(k, c0, c1, "attn_k").transpose(1, 2, 0)  # (h_kv, d_k, cells)
+                values = self._rows_f32(v, c0, c1, "attn_v").transpose(1, 0, 2)  # (h_kv, cells, d_v)
+                s = self._scores(qg, keys[:, None], scale, softcap, slopes_g, mask[t0:t1, c0:c1])
                 m_new = np.maximum(m, s.max(axis=-1))
                 m_safe = np.where(np.isfinite(m_new), m_new, 0.0)
                 alpha = np.exp(m - m_safe)
                 p = np.exp(s - m_safe[..., None])
                 l = l * alpha + p.sum(axis=-1)
-                acc = acc * alpha[..., None] + np.matmul(p, values[:, None, c0:c1])
+                acc = acc * alpha[..., None] + np.matmul(p, values[:, None])
                 m = m_new
             if sink_g is not None:
                 l = l + np.exp(sink_g - np.where(np.isfinite(m), m, 0.0))
@@ -464,23 +465,6 @@ def qkernels():
     except ImportError as e:
         raise LLMError(f"the cpu backend needs numba for its quantized kernels ({e}); pip install numba") from None
     return kernels
-
-
-def _kernel_rows(x) -> tuple[np.ndarray, int] | None:
-    """Cache rows as (n, row_bytes) bytes and their type, where the attention kernel reads them:
-    contiguous f32/f16 rows or q8_0/q4_0 blocks, heads a whole number of 32-value blocks."""
-    if isinstance(x, BlockRows):
-        return (x.raw, x.qtype) if x.head_dim % 32 == 0 else None
-    if x.dtype not in (np.float32, np.float16) or x.shape[2] % 32 or not x.flags.c_contiguous:
-        return None
-    qtype = GGMLQuantizationType.F32 if x.dtype == np.float32 else GGMLQuantizationType.F16
-    return x.reshape(len(x), -1).view(np.uint8), int(qtype)
-
-
-def _same_kernel_rows(k, v) -> bool:
-    """Whether the attention kernel reads K and V in place: both suitable, of one type."""
-    rows_k, rows_v = _kernel_rows(k), _kernel_rows(v)
-    return rows_k is not None and rows_v is not None and rows_k[1] == rows_v[1]
 
 
 def as_float(x) -> np.ndarray:

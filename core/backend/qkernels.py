@@ -13,9 +13,10 @@ writes a block's values as float32 with ggml's arithmetic. Per type, two kernels
   of a BLAS matmul for many activation rows, and embedding lookups. Exact (no fused
   multiply-add here), so the values equal `quants.dequantize` bit for bit.
 
+`DEQUANT` also converts f16 and q8_0/q4_0 KV-cache rows a block at a time for attention.
 Each kernel is its own small numba function: numba caches top-level functions on disk, and a
-single kernel switching on the type would take many minutes to compile. `attend` kernels read
-KV-cache rows (F32, F16, Q8_0, Q4_0) in place. Type ids are ggml's (`GGMLQuantizationType`).
+single kernel switching on the type would take many minutes to compile. Type ids are ggml's
+(`GGMLQuantizationType`).
 """
 
 from __future__ import annotations
@@ -385,6 +386,31 @@ def _dequant(w, rows, out, decoder, run):
             decoder(row, b, dst, b * run)
 
 
+@njit(inline="always")
+def _dequant_floats(w, rows, out, convert):
+    """Float rows: one view of each row for the whole row (a view per 32 values costs more than
+    the conversion)."""
+    for i in range(len(rows)):
+        convert(w[rows[i]], out[i])
+
+
+@njit(inline="always")
+def _row_f32(row, out):
+    out[:] = row.view(np.float32)
+
+
+@njit(inline="always")
+def _row_f16(row, out):
+    _f16_values(row.view(np.uint16), 0, out.shape[0], out, 0)
+
+
+@njit(inline="always")
+def _row_bf16(row, out):
+    src, bits = row.view(np.uint16), out.view(np.int32)
+    for j in range(out.shape[0]):
+        bits[j] = np.int32(src[j]) << 16
+
+
 @njit(parallel=True, cache=True, fastmath=_FAST)
 def matvec_f32(w, x, out):
     _matvec_decoded(w, x, out, _f32, RUN)
@@ -392,7 +418,7 @@ def matvec_f32(w, x, out):
 
 @njit(cache=True)
 def dequant_f32(w, rows, out):
-    _dequant(w, rows, out, _f32, RUN)
+    _dequant_floats(w, rows, out, _row_f32)
 
 
 @njit(parallel=True, cache=True, fastmath=_FAST)
@@ -402,7 +428,7 @@ def matvec_f16(w, x, out):
 
 @njit(cache=True)
 def dequant_f16(w, rows, out):
-    _dequant(w, rows, out, _f16, RUN)
+    _dequant_floats(w, rows, out, _row_f16)
 
 
 @njit(parallel=True, cache=True, fastmath=_FAST)
@@ -412,7 +438,7 @@ def matvec_bf16(w, x, out):
 
 @njit(cache=True)
 def dequant_bf16(w, rows, out):
-    _dequant(w, rows, out, _bf16, RUN)
+    _dequant_floats(w, rows, out, _row_bf16)
 
 
 @njit(parallel=True, cache=True, fastmath=_FAST)
@@ -521,156 +547,3 @@ MATVEC = {F32: matvec_f32, F16: matvec_f16, BF16: matvec_bf16, Q4_0: matvec_q4_0
 DEQUANT = {F32: dequant_f32, F16: dequant_f16, BF16: dequant_bf16, Q4_0: dequant_q4_0, Q4_1: dequant_q4_1,
            Q5_0: dequant_q5_0, Q5_1: dequant_q5_1, Q8_0: dequant_q8_0, Q2_K: dequant_q2_k, Q3_K: dequant_q3_k,
            Q4_K: dequant_q4_k, Q5_K: dequant_q5_k, Q6_K: dequant_q6_k}
-
-
-# ---- attention over cache rows in their stored type ------------------------------------------
-
-ATTN_CHUNK = 64  # cells converted and scored together
-SPLIT_CELLS = 512  # cells per parallel task (flash-decoding: tasks over the cache, merged at the end)
-
-
-@njit(inline="always")
-def _row_f32(row, out):
-    out[:] = row.view(np.float32)
-
-
-@njit(inline="always")
-def _row_f16(row, out):
-    _f16_values(row.view(np.uint16), 0, out.shape[0], out, 0)
-
-
-@njit(inline="always")
-def _row_q8_0(row, out):
-    for b in range(out.shape[0] // 32):
-        _q8_0(row, b, out, b * 32)
-
-
-@njit(inline="always")
-def _row_q4_0(row, out):
-    for b in range(out.shape[0] // 32):
-        _q4_0(row, b, out, b * 32)
-
-
-@njit(inline="always")
-def _exp_inplace(x, n, bits):
-    """x[:n] = exp(x[:n]) for x <= 0, vectorizable (numba's np.exp is a scalar call per value):
-    2**(x log2 e) split into 2**k, put in a float's exponent bits, times a degree-6 polynomial
-    for 2**f, f in [0, 1) (relative error below 2e-7, like expf)."""
-    for i in range(n):
-        t = max(x[i] * np.float32(1.4426950408889634), np.float32(-126.0))
-        k = np.floor(t)
-        f = t - k
-        x[i] = np.float32(1.0) + f * (np.float32(0.6931472) + f * (np.float32(0.24022652) + f * (
-            np.float32(0.05550411) + f * (np.float32(0.009618129) + f * (np.float32(0.0013333558)
-                                                                       + f * np.float32(0.00015403530))))))
-        bits[i] = (np.int32(k) + 127) << 23
-    scale = bits.view(np.float32)
-    for i in range(n):
-        x[i] *= scale[i]
-
-
-@njit(inline="always")
-def _attend(q, k, v, n_head_kv, mask, scale, softcap, slopes, sinks, out, read_row):
-    """Attention of a few query rows over cache rows read in their stored type.
-
-    q (n_q, n_head, d_k) f32; k, v (n_kv, row_bytes) uint8: row c holds n_head_kv heads of d_k
-    (d_v) values; mask (n_q, n_kv) with -inf for cells a row does not see (never read);
-    slopes and sinks per query head (sink -inf: none); out (n_q, n_head, d_v). Tasks take
-    SPLIT_CELLS cells of one query row and keep an online softmax per head; their partial
-    results are merged at the end, so one query row still uses every core."""
-    n_q, n_head, d_k = q.shape
-    d_v = out.shape[2]
-    n_kv = mask.shape[1]
-    group = n_head // n_head_kv
-    n_split = max(1, (n_kv + SPLIT_CELLS - 1) // SPLIT_CELLS)
-    part_m = np.empty((n_q, n_split, n_head), dtype=np.float32)
-    part_l = np.empty((n_q, n_split, n_head), dtype=np.float32)
-    part_acc = np.empty((n_q, n_split, n_head, d_v), dtype=np.float32)
-    for task in prange(n_q * n_split):
-        t, sp = task // n_split, task % n_split
-        kf = np.empty((ATTN_CHUNK, n_head_kv * d_k), dtype=np.float32)
-        vf = np.empty((ATTN_CHUNK, n_head_kv * d_v), dtype=np.float32)
-        scores = np.empty(ATTN_CHUNK, dtype=np.float32)
-        exp_bits = np.empty(ATTN_CHUNK, dtype=np.int32)
-        cells = np.empty(ATTN_CHUNK, dtype=np.int64)
-        m = np.full(n_head, -np.inf, dtype=np.float32)
-        total = np.zeros(n_head, dtype=np.float32)
-        acc = np.zeros((n_head, d_v), dtype=np.float32)
-        c0, c_end = sp * SPLIT_CELLS, min((sp + 1) * SPLIT_CELLS, n_kv)
-        while c0 < c_end:
-            n = 0
-            while c0 < c_end and n < ATTN_CHUNK:  # the next chunk of visible cells
-                if mask[t, c0] != -np.inf:
-                    cells[n] = c0
-                    n += 1
-                c0 += 1
-            for i in range(n):
-                read_row(k[cells[i]], kf[i])
-                read_row(v[cells[i]], vf[i])
-            for h in range(n_head):
-                qh, ah = q[t, h], acc[h]
-                kb, vb = (h // group) * d_k, (h // group) * d_v
-                for i in range(n):
-                    krow = kf[i]
-                    s = np.float32(0.0)
-                    for j in range(d_k):
-                        s += qh[j] * krow[kb + j]
-                    s *= scale
-                    if softcap > 0:
-                        s = softcap * np.tanh(s / softcap)
-                    scores[i] = s + slopes[h] * mask[t, cells[i]]
-                m_new = m[h]
-                for i in range(n):
-                    m_new = max(m_new, scores[i])
-                alpha = np.exp(m[h] - m_new) if m[h] != -np.inf else np.float32(0.0)
-                for i in range(n):
-                    scores[i] -= m_new
-                _exp_inplace(scores, n, exp_bits)
-                total[h] = total[h] * alpha + scores[:n].sum()
-                for j in range(d_v):
-                    ah[j] *= alpha
-                for i in range(n):
-                    p, vrow = scores[i], vf[i]
-                    for j in range(d_v):
-                        ah[j] += p * vrow[vb + j]
-                m[h] = m_new
-        part_m[t, sp], part_l[t, sp], part_acc[t, sp] = m, total, acc
-    for t in range(n_q):
-        for h in range(n_head):
-            top = sinks[h]
-            for sp in range(n_split):
-                top = max(top, part_m[t, sp, h])
-            denom = np.exp(sinks[h] - top) if sinks[h] != -np.inf else np.float32(0.0)
-            out[t, h] = 0.0
-            for sp in range(n_split):
-                if part_m[t, sp, h] != -np.inf:
-                    w = np.exp(part_m[t, sp, h] - top)
-                    denom += part_l[t, sp, h] * w
-                    for j in range(d_v):
-                        out[t, h, j] += part_acc[t, sp, h, j] * w
-            if denom > 0:
-                for j in range(d_v):
-                    out[t, h, j] /= denom
-
-
-@njit(parallel=True, cache=True, fastmath=_FAST)
-def attend_f32(q, k, v, n_head_kv, mask, scale, softcap, slopes, sinks, out):
-    _attend(q, k, v, n_head_kv, mask, scale, softcap, slopes, sinks, out, _row_f32)
-
-
-@njit(parallel=True, cache=True, fastmath=_FAST)
-def attend_f16(q, k, v, n_head_kv, mask, scale, softcap, slopes, sinks, out):
-    _attend(q, k, v, n_head_kv, mask, scale, softcap, slopes, sinks, out, _row_f16)
-
-
-@njit(parallel=True, cache=True, fastmath=_FAST)
-def attend_q8_0(q, k, v, n_head_kv, mask, scale, softcap, slopes, sinks, out):
-    _attend(q, k, v, n_head_kv, mask, scale, softcap, slopes, sinks, out, _row_q8_0)
-
-
-@njit(parallel=True, cache=True, fastmath=_FAST)
-def attend_q4_0(q, k, v, n_head_kv, mask, scale, softcap, slopes, sinks, out):
-    _attend(q, k, v, n_head_kv, mask, scale, softcap, slopes, sinks, out, _row_q4_0)
-
-
-ATTEND = {F32: attend_f32, F16: attend_f16, Q8_0: attend_q8_0, Q4_0: attend_q4_0}
