@@ -346,7 +346,10 @@ class CPUBackend(ArrayAlgebra):
         return s + slopes_g * mask_part
 
     def _attend_dense(self, q, k, v, mask, scale, softcap, sinks, slopes) -> np.ndarray:
-        """Query blocks × key blocks with an online softmax; keys no row of a block sees are skipped."""
+        """Query blocks × key blocks with an online softmax; keys no row of a block sees are skipped.
+        A prompt of several query blocks converts f16/quantized rows once for all of them."""
+        if len(q) > ATTN_BLOCK:
+            k, v = as_float(k), as_float(v)
         n_tokens, n_head, d_k = q.shape
         n_kv, n_head_kv, d_v = v.shape
         g = n_head // n_head_kv
