@@ -154,7 +154,7 @@ class Model:
                                  f"{self.vocab.n_tokens} tokens of the tokenizer")
         self._progress = progress
         self._loaded, self._to_load = 0, sum(t.n_bytes for t in gguf.tensors.values())
-        self.weight_types: set = set()  # GGUF types of the weights, for the backend's kernels
+        self.weight_types: set = set()  # GGUF types of the matrices, for the backend's kernels
         self.load_tensors(gguf)
 
     def load_hparams(self, gguf: GGUFFile) -> HParams:
@@ -180,7 +180,8 @@ class Model:
             raise ModelFileError(f"{gguf.path}: tensor '{name}' has shape {list(info.numpy_shape)}, "
                                  f"but the hyper-parameters make it {list(shape)}")
         out = self.backend.load_weight(gguf.raw(name), info.type, info.numpy_shape, name)
-        self.weight_types.add(info.type)
+        if len(shape) == 2:
+            self.weight_types.add(info.type)
         self._loaded += info.n_bytes
         if self._progress:
             self._progress(self._loaded, self._to_load)
