@@ -70,6 +70,8 @@ def open_model(spec: str | None, backend: str = "cpu") -> tuple[Model, float]:
         progress.update(task, description="preparing cpu kernels (numba compiles them once per machine)",
                         total=None)
         model.backend.prepare(model.weight_types)
+    for note in getattr(model.backend, "notes", []):
+        log(note)
     return model, time.perf_counter() - t0
 
 

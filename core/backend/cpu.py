@@ -30,7 +30,7 @@ SPARSE_MIN_KV = 4096
 FUSED_MAX_ROWS = 8
 # Weight rows per dequantized tile: about 2.5 MB of float32 at the models' widths (L2-sized).
 TILE_ROWS = 1024
-# GGUF types the kernels read directly (qkernels.BLOCK); matrices of other types become float32.
+# GGUF types the kernels read directly (qkernels.MATVEC's keys); matrices of other types become float32.
 KERNEL_TYPES = frozenset(int(GGMLQuantizationType[name]) for name in (
     "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"))
 SQRT_2_OVER_PI = 0.7978845608028654
@@ -70,6 +70,7 @@ class CPUBackend(ArrayAlgebra):
     def __init__(self, attn_path: str = "auto"):
         self.attn_path = attn_path  # "auto", "dense" or "sparse" (forced where the hint allows it)
         self._buffers: dict[str, np.ndarray] = {}
+        self.notes: list[str] = []  # fallbacks taken while loading, for -v
 
     def _buffer(self, slot: str, shape: tuple[int, ...]) -> np.ndarray:
         """Scratch memory reused across calls (fresh memory costs a page fault per 4 KiB)."""
@@ -119,13 +120,17 @@ class CPUBackend(ArrayAlgebra):
 
     # ---- weights -------------------------------------------------------------------------
 
-    @staticmethod
-    def load_weight(raw: np.ndarray, qtype, shape: tuple[int, ...], name: str = ""):
+    def load_weight(self, raw: np.ndarray, qtype, shape: tuple[int, ...], name: str = ""):
         """A matrix stays in its GGUF type (a view of the file) for the quantized kernels; a vector
-        (norms, biases), or a matrix of a type without a kernel, becomes float32."""
+        (norms, biases) becomes float32, and so does a matrix of a type without a kernel (noted
+        for -v; a type nothing here can read is an UnsupportedError naming the tensor)."""
         if len(shape) == 2 and int(qtype) in KERNEL_TYPES:
             return QuantWeight.from_raw(raw, qtype, shape)
-        return dequantize(raw, qtype, int(np.prod(shape)), name=name).reshape(shape)
+        out = dequantize(raw, qtype, int(np.prod(shape)), name=name).reshape(shape)
+        if len(shape) == 2:
+            self.notes.append(f"tensor '{name}' ({GGMLQuantizationType(qtype).name}) has no cpu kernel: "
+                              "expanded to f32 at load")
+        return out
 
     def prepare(self, weight_types) -> None:
         """Compile (the first time on a machine) or load from numba's cache the kernels a model

@@ -26,13 +26,8 @@ from numba import njit, prange
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 10, 11, 12, 13, 14, 30
-# values per block and bytes per block of each type this file decodes
 ROWS_PER_TASK = 32  # weight rows a worker takes at a time (its buffers are allocated once per task)
 RUN = 32  # values decoded at a time for float types, and the legacy blocks
-BLOCK = {F32: 1, F16: 1, BF16: 1, Q4_0: 32, Q4_1: 32, Q5_0: 32, Q5_1: 32, Q8_0: 32,
-         Q2_K: 256, Q3_K: 256, Q4_K: 256, Q5_K: 256, Q6_K: 256}
-TYPE_SIZE = {F32: 4, F16: 2, BF16: 2, Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34,
-             Q2_K: 84, Q3_K: 110, Q4_K: 144, Q5_K: 176, Q6_K: 210}
 
 # every half's value, indexed by its bits (numba compiles this table into the kernels)
 _HALF = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)

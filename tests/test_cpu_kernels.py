@@ -1,0 +1,88 @@
+"""The CPU backend's weights stay in their GGUF types, and its numba kernels read them exactly."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T, quants
+
+from conftest import TINY_GEMMA3, real_model
+from llmsuite.core.backend import CPUBackend, qkernels
+from llmsuite.core.backend.weights import QuantWeight
+from llmsuite.core.errors import LLMError
+from llmsuite.core.ops import WEIGHT_TYPES, ggml_type, random_weight
+from llmsuite.core.quants import dequantize
+
+
+@pytest.mark.parametrize("type_name", WEIGHT_TYPES)
+def test_kernels_read_every_type_exactly(type_name):
+    """Dequantized rows equal gguf-compatible dequantization bit for bit; the fused matvec equals
+    x @ W.T of those values for 1 to 8 activation rows."""
+    qtype, rng = ggml_type(type_name), np.random.default_rng(7)
+    raw = np.ascontiguousarray(random_weight(rng, type_name, 40, 512)).reshape(40, -1).view(np.uint8)
+    expected = dequantize(raw.reshape(-1), qtype, 40 * 512).reshape(40, 512)
+    rows = np.array([3, 0, 39, 3])
+    out = np.empty((len(rows), 512), np.float32)
+    qkernels.DEQUANT[int(qtype)](raw, rows, out)
+    np.testing.assert_array_equal(out.view(np.uint32), expected[rows].view(np.uint32))
+    for n in (1, 2, 8):
+        x = rng.standard_normal((n, 512)).astype(np.float32)
+        got = np.empty((n, 40), np.float32)
+        qkernels.MATVEC[int(qtype)](raw, x, got)
+        ref = x.astype(np.float64) @ expected.T.astype(np.float64)
+        assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+def test_every_kernel_type_has_both_kernels():
+    from llmsuite.core.backend.cpu import KERNEL_TYPES
+
+    assert set(qkernels.MATVEC) == set(qkernels.DEQUANT) == KERNEL_TYPES == {int(ggml_type(t)) for t in WEIGHT_TYPES}
+
+
+def test_real_model_weights_stay_mapped():
+    model = real_model("smollm2-135m")
+    layer = model.layers[0]
+    for weight in (layer.wqkv, layer.wo, layer.ffn_gate_up, layer.ffn_down, model.output):
+        assert isinstance(weight, QuantWeight)
+        assert all(not p.raw.flags.owndata and not p.raw.flags.writeable for p in weight.parts)  # file views
+    assert layer.wqkv.type_names == ["Q4_1"] * 3 and model.output.type_names == ["Q8_0"]
+    ids = np.array([5, 49151, 5])
+    rows = model.backend.get_rows(model.token_embd, ids)
+    info_bytes = model.token_embd.parts[0].raw[ids].reshape(-1)
+    np.testing.assert_array_equal(rows, dequantize(info_bytes, T.Q8_0, 3 * 576).reshape(3, 576))
+
+
+def test_matrix_without_kernel_is_expanded_and_noted():
+    backend = CPUBackend()
+    values = np.random.default_rng(0).uniform(-1, 1, (4, 256)).astype(np.float32)
+    raw = quants.quantize(values, T.TQ2_0)
+    w = backend.load_weight(raw, T.TQ2_0, (4, 256), "blk.0.odd.weight")
+    assert isinstance(w, np.ndarray) and w.dtype == np.float32
+    np.testing.assert_array_equal(w, quants.dequantize(raw, T.TQ2_0))
+    assert backend.notes == ["tensor 'blk.0.odd.weight' (TQ2_0) has no cpu kernel: expanded to f32 at load"]
+    x = np.ones((2, 256), np.float32)
+    np.testing.assert_allclose(backend.matmul(x, w), x @ w.T, rtol=1e-6)
+
+
+def test_a_kernel_that_fails_to_compile_is_one_sentence(monkeypatch):
+    from numba.core.errors import TypingError
+
+    def broken(*args):
+        raise TypingError("Failed in nopython mode pipeline (step: nopython frontend)\nmore detail\n")
+
+    monkeypatch.setitem(qkernels.MATVEC, int(T.Q4_0), broken)
+    with pytest.raises(LLMError, match=r"^numba failed to compile the cpu kernels: Failed in nopython mode "
+                                       r"pipeline \(step: nopython frontend\)$"):
+        CPUBackend().prepare({T.Q4_0})
+
+
+def test_without_numba_generate_says_so_in_one_sentence():
+    script = ("import sys; sys.modules['numba'] = None\n"
+              "from llmsuite.cli.main import run\n"
+              f"sys.exit(run(['generate', '-m', {str(TINY_GEMMA3)!r}, '-p', 'hi', '-n', '1']))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: the cpu backend needs numba for its quantized kernels (import of numba halted; None in "
+        "sys.modules); pip install numba"]
