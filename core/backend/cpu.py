@@ -8,7 +8,6 @@ reference of every op are in core/ops.py; `llm test-ops -b cpu` checks this file
 from __future__ import annotations
 
 import numpy as np
-
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..errors import LLMError
@@ -83,12 +82,12 @@ class CPUBackend(ArrayAlgebra):
         """Cache rows [c0, c1) as float32 (cells, heads, d): a view of f32 rows; f16 rows and
         q8_0/q4_0 blocks are converted by a kernel into a reused buffer, a KV block at a time, so
         attention never makes a full-size float32 copy of the cache."""
-        if not isinstance(x, BlockRows) and x.dtype == np.float32:
-            return x[c0:c1]
-        raw, qtype = (x.raw, x.qtype) if isinstance(x, BlockRows) else \
-            (x.reshape(len(x), -1).view(np.uint8), int(GGMLQuantizationType.F16))
-        if qtype not in KERNEL_TYPES or raw.shape[1] % GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][1]:
-            return as_float(x)[c0:c1]
+        if isinstance(x, BlockRows):
+            raw, qtype = x.raw, x.qtype
+        elif x.dtype == np.float16:
+            raw, qtype = x.reshape(len(x), -1).view(np.uint8), int(GGMLQuantizationType.F16)
+        else:
+            return x[c0:c1].astype(np.float32, copy=False)
         _, n_head, head_dim = x.shape
         out = self._buffer(slot, (c1 - c0, n_head * head_dim))
         qkernels().DEQUANT[qtype](raw, np.arange(c0, c1), out)
@@ -96,10 +95,11 @@ class CPUBackend(ArrayAlgebra):
 
     def _gather_rows(self, x, idx: np.ndarray, slot: str) -> np.ndarray:
         """x[idx] for cache rows x (n_kv, heads, d) as float32, into a reused buffer when x is contiguous."""
-        if isinstance(x, BlockRows) or x.dtype != np.float32:
-            return as_float(x[idx] if not isinstance(x, BlockRows) else
-                            BlockRows(x.raw[idx.reshape(-1)], x.qtype, x.n_head, x.head_dim)).reshape(
-                                idx.shape + x.shape[1:])
+        if isinstance(x, BlockRows):  # convert only the gathered rows
+            rows = BlockRows(x.raw[idx.reshape(-1)], x.qtype, x.n_head, x.head_dim).to_float()
+            return rows.reshape(idx.shape + x.shape[1:])
+        if x.dtype != np.float32:
+            return x[idx].astype(np.float32)
         if not x.flags.c_contiguous:
             return x[idx]
         out = self._buffer(slot, (idx.size, x.shape[1] * x.shape[2]))
