@@ -86,3 +86,44 @@ def test_without_numba_generate_says_so_in_one_sentence():
     assert result.stderr.strip().splitlines() == [
         "error: the cpu backend needs numba for its quantized kernels (import of numba halted; None in "
         "sys.modules); pip install numba"]
+
+
+def test_half_widening_equals_numpy_for_every_bit_pattern():
+    from numba import njit
+
+    from llmsuite.core.backend.akernels import widen_half
+
+    @njit
+    def widen_all(bits, out):
+        for i in range(bits.size):
+            out[i] = widen_half(bits[i])
+
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    got = np.empty(bits.size, np.float32)
+    widen_all(bits, got)
+    expected = bits.view(np.float16).astype(np.float32)
+    nan = np.isnan(expected)
+    np.testing.assert_array_equal(got.view(np.uint32)[~nan], expected.view(np.uint32)[~nan])
+    assert np.isnan(got[nan]).all()
+
+
+@pytest.mark.parametrize("cache_type", [np.float16, np.float32])
+def test_few_row_attention_kernel_matches_the_blas_path(cache_type):
+    """Chunks where every cell is masked, a fully masked row, sinks, softcap and ALiBi slopes:
+    the in-place kernel agrees with the BLAS path over converted blocks."""
+    rng = np.random.default_rng(3)
+    n_kv, n_head, n_head_kv, d = 700, 8, 2, 64
+    q = rng.standard_normal((3, n_head, d)).astype(np.float32)
+    k = rng.standard_normal((n_kv, n_head_kv, d)).astype(cache_type)
+    v = rng.standard_normal((n_kv, n_head_kv, d)).astype(cache_type)
+    mask = np.full((3, n_kv), -np.inf, np.float32)
+    mask[0, 37:45] = 0.0  # all in the first chunk
+    mask[1, :] = rng.uniform(-2, 0, n_kv)  # row 2 stays fully masked
+    backend = CPUBackend()
+    slopes = np.linspace(0.25, 1.0, n_head).astype(np.float32)
+    sinks = rng.uniform(-2, 2, n_head).astype(np.float32)
+    for softcap, sink in ((0.0, None), (10.0, sinks)):
+        args = (q, k, v, mask, 0.125, softcap, sink, slopes)
+        got, expected = backend._attend_rows(*args), backend._attend_dense(*args)
+        np.testing.assert_allclose(got, expected, atol=2e-6)
+        assert not got[2].any()

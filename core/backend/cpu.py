@@ -20,6 +20,11 @@ ATTN_BLOCK = 128
 # Keys per block of the online softmax: very long caches never need a full score row, and f16
 # or quantized cache rows are converted a block at a time into a reused buffer.
 KV_BLOCK = 1024
+# Query rows up to which attention over an f32/f16 cache runs akernels.attend_rows (which reads
+# the cache in place) instead of BLAS over converted blocks; measured faster up to here.
+FEW_ATTN_ROWS = 4
+# Cells per task of attend_rows: at least two chunks per thread where the cache allows.
+ATTN_CHUNK_MIN, ATTN_CHUNK_MAX = 64, 512
 # Query rows compacted together on the sparse path.
 SPARSE_ROWS = 16
 # llama.cpp's rule for when gathering the finite columns pays: KV >= max(4096, 2 * n_kv_max).
@@ -145,6 +150,9 @@ class CPUBackend(ArrayAlgebra):
                 kernels.DEQUANT[qtype](w, np.zeros(1, np.int64), np.empty((1, 256), np.float32))
             kernels.DEQUANT[int(GGMLQuantizationType.F16)](np.zeros((1, 64), np.uint8), np.zeros(1, np.int64),
                                                           np.empty((1, 32), np.float32))  # f16 cache rows
+            q = np.zeros((1, 1, 4), np.float32)
+            for cache in (np.zeros((1, 1, 4), np.float16), np.zeros((1, 1, 4), np.float32)):
+                self._attend_rows(q, cache, cache, np.zeros((1, 1), np.float32), 1.0, 0.0, None, np.ones(1))
         except LLMError:
             raise
         except Exception as e:  # numba's compile errors are long; the first line says what failed
@@ -340,7 +348,23 @@ class CPUBackend(ArrayAlgebra):
             out = self._attend_sparse(*args, n_kv_max=min(n_kv_max, n_kv))
             if out is not None:
                 return out
+        if len(q) <= FEW_ATTN_ROWS and in_place_rows(k) and in_place_rows(v):
+            return self._attend_rows(*args)
         return self._attend_dense(*args)
+
+    @staticmethod
+    def _attend_rows(q, k, v, mask, scale, softcap, sinks, slopes) -> np.ndarray:
+        """A few query rows: one numba kernel reads the f32/f16 cache in place."""
+        kernels = akernels()
+        n_kv = k.shape[0]
+        chunk = min(ATTN_CHUNK_MAX, max(ATTN_CHUNK_MIN, -(-n_kv // (2 * numba_threads()))))
+        out = np.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=np.float32)
+        use_sinks = sinks is not None
+        sinks = np.asarray(sinks if use_sinks else np.zeros(q.shape[1]), dtype=np.float32)
+        kernels.attend_rows(np.ascontiguousarray(q, dtype=np.float32), cache_bits(k), cache_bits(v),
+                            np.ascontiguousarray(mask, dtype=np.float32), np.float32(scale), np.float32(softcap),
+                            slopes.astype(np.float32), sinks, use_sinks, chunk, out)
+        return out
 
     @staticmethod
     def _scores(qg, keys_t, scale, softcap, slopes_g, mask_part):
@@ -473,6 +497,31 @@ def qkernels():
     except ImportError as e:
         raise LLMError(f"the cpu backend needs numba for its quantized kernels ({e}); pip install numba") from None
     return kernels
+
+
+def akernels():
+    """The attention kernels (numba), imported on first use like qkernels."""
+    try:
+        from . import akernels as kernels
+    except ImportError as e:
+        raise LLMError(f"the cpu backend needs numba for its attention kernels ({e}); pip install numba") from None
+    return kernels
+
+
+def numba_threads() -> int:
+    from numba import get_num_threads
+    return get_num_threads()
+
+
+def in_place_rows(x) -> bool:
+    """Cache rows attend_rows can read where they lie: contiguous f32 or f16 (cells, heads, d)."""
+    return isinstance(x, np.ndarray) and x.dtype in (np.float32, np.float16) and x.flags.c_contiguous
+
+
+def cache_bits(x: np.ndarray) -> np.ndarray:
+    """Cache rows as (cells, heads·d): f32 as they are, f16 as their bits (uint16)."""
+    rows = x.reshape(len(x), -1)
+    return rows.view(np.uint16) if rows.dtype == np.float16 else rows
 
 
 def as_float(x) -> np.ndarray:

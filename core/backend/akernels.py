@@ -1,0 +1,143 @@
+"""Flash attention for a few query rows (decode, -np, small ubatches), compiled with numba.
+
+The cache is read where it lies: f32 rows as they are, f16 rows widened in registers (a shift
+and one multiply, branch-free where the values are finite, so LLVM vectorizes it). The cells
+are split into chunks, one per task (llama.cpp's flash-decoding split); each chunk keeps its own
+max, sum and weighted values per query head, and the chunks are merged at the end. Each K and V
+row is widened once and used by every query head of its KV group.
+
+Measured against the NumPy/BLAS path on this project's 2-core machine (one layer, f16 cache):
+SmolLM2's shape (9 heads over 3, d 64) at 4096 cells 0.27 ms against 0.97 ms; Gemma 3's (4 over
+1, d 256) 0.32 ms against 1.10 ms. The widened values equal NumPy's f16 → f32 cast bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import intrinsic, overload
+
+F16_RESCALE = np.float32(2.0 ** 112)  # half exponent bias 15 → float bias 127
+# fastmath without "nnan"/"ninf": masked cells are -inf and the kernels test for it
+FAST = {"nsz", "arcp", "contract", "afn", "reassoc"}
+
+
+@intrinsic
+def _f32_from_bits(typingctx, bits):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float32))
+    return types.float32(types.uint32), codegen
+
+
+@njit(inline="always")
+def widen_half(h):
+    """IEEE half bits → float32: the exponent and mantissa shifted into place and rescaled by
+    2^112 (right for subnormals too); an all-ones exponent (inf, nan) is rebuilt as such."""
+    h = np.uint32(h)
+    body = (h & np.uint32(0x7FFF)) << np.uint32(13)
+    x = _f32_from_bits(body) * F16_RESCALE
+    if (h & np.uint32(0x7C00)) == np.uint32(0x7C00):
+        x = _f32_from_bits(body | np.uint32(0x7F800000))
+    return -x if h & np.uint32(0x8000) else x
+
+
+def as_f32(x):
+    """A cache element as float32 (compiled per element type below)."""
+
+
+@overload(as_f32)
+def _as_f32(x):
+    if x == types.uint16:
+        return lambda x: widen_half(x)
+    if isinstance(x, types.Float):
+        return lambda x: np.float32(x)
+    return None
+
+
+@njit(fastmath=FAST, cache=True, parallel=True)
+def attend_rows(q, k, v, mask, scale, softcap, slopes, sinks, use_sinks, chunk, out):
+    """out (T, H, Dv) = softmax(softcap(q·kᵀ·scale) + slope·mask)·v for q (T, H, D) f32 and cache
+    rows k (N, Hkv·D), v (N, Hkv·Dv) as float32 or f16 bits (uint16); mask (T, N); slopes (H,);
+    sinks (H,) join each head's softmax when use_sinks. A fully masked row gives zeros."""
+    T, H, D = q.shape
+    N, Dv = k.shape[0], out.shape[2]
+    Hkv = k.shape[1] // D
+    G = H // Hkv
+    n_chunks = (N + chunk - 1) // chunk
+    chunk_max = np.full((n_chunks, T, H), -np.inf, dtype=np.float32)
+    chunk_sum = np.zeros((n_chunks, T, H), dtype=np.float32)
+    chunk_acc = np.zeros((n_chunks, T, H, Dv), dtype=np.float32)
+    for ci in prange(n_chunks):
+        c0 = ci * chunk
+        c1 = min(N, c0 + chunk)
+        s = np.empty((G, c1 - c0), dtype=np.float32)
+        row = np.empty(max(D, Dv), dtype=np.float32)
+        m = np.empty(G, dtype=np.float32)
+        for t in range(T):
+            for hk in range(Hkv):
+                m[:] = -np.inf
+                for c in range(c0, c1):  # scores, each K row widened once for the group
+                    mk = mask[t, c]
+                    if mk == -np.inf:
+                        s[:, c - c0] = -np.inf
+                        continue
+                    for d in range(D):
+                        row[d] = as_f32(k[c, hk * D + d])
+                    for g in range(G):
+                        acc = np.float32(0)
+                        for d in range(D):
+                            acc += q[t, hk * G + g, d] * row[d]
+                        x = acc * scale
+                        if softcap != 0:
+                            x = softcap * np.tanh(x / softcap)
+                        x += slopes[hk * G + g] * mk
+                        s[g, c - c0] = x
+                        m[g] = max(m[g], x)
+                for g in range(G):  # the chunk's softmax numerators and sums
+                    if m[g] == -np.inf:
+                        continue
+                    total = np.float32(0)
+                    for c in range(c1 - c0):
+                        p = np.exp(s[g, c] - m[g])
+                        s[g, c] = p
+                        total += p
+                    chunk_max[ci, t, hk * G + g] = m[g]
+                    chunk_sum[ci, t, hk * G + g] = total
+                for c in range(c0, c1):  # weighted values, each V row widened once
+                    if mask[t, c] == -np.inf:
+                        continue
+                    for d in range(Dv):
+                        row[d] = as_f32(v[c, hk * Dv + d])
+                    for g in range(G):
+                        p = s[g, c - c0]
+                        acc = chunk_acc[ci, t, hk * G + g]
+                        for d in range(Dv):
+                            acc[d] += p * row[d]
+    _merge_chunks(chunk_max, chunk_sum, chunk_acc, sinks, use_sinks, out)
+
+
+@njit(fastmath=FAST, cache=True)
+def _merge_chunks(chunk_max, chunk_sum, chunk_acc, sinks, use_sinks, out):
+    n_chunks, T, H, Dv = chunk_acc.shape
+    for t in range(T):
+        for h in range(H):
+            out[t, h, :] = 0
+            m = -np.inf
+            for ci in range(n_chunks):
+                m = max(m, chunk_max[ci, t, h])
+            if m == -np.inf:
+                continue
+            if use_sinks:
+                m = max(m, sinks[h])
+            total = np.float32(0)
+            for ci in range(n_chunks):
+                if chunk_max[ci, t, h] == -np.inf:
+                    continue
+                a = np.exp(chunk_max[ci, t, h] - m)
+                total += a * chunk_sum[ci, t, h]
+                for d in range(Dv):
+                    out[t, h, d] += a * chunk_acc[ci, t, h, d]
+            if use_sinks:
+                total += np.exp(sinks[h] - m)
+            for d in range(Dv):
+                out[t, h, d] /= total
