@@ -22,7 +22,7 @@ ATTN_BLOCK = 128
 KV_BLOCK = 1024
 # Query rows up to which attention over an f32/f16 cache runs akernels.attend_rows (which reads
 # the cache in place) instead of BLAS over converted blocks; measured faster up to here.
-FEW_ATTN_ROWS = 4
+FEW_ATTN_ROWS = 2
 # Cells per task of attend_rows: at least two chunks per thread where the cache allows.
 ATTN_CHUNK_MIN, ATTN_CHUNK_MAX = 64, 512
 # Query rows compacted together on the sparse path.
@@ -368,49 +368,55 @@ class CPUBackend(ArrayAlgebra):
 
     @staticmethod
     def _scores(qg, keys_t, scale, softcap, slopes_g, mask_part):
-        """(h_kv, g, rows, cols) scores with softcap, ALiBi slope and mask."""
-        s = np.matmul(qg, keys_t) * np.float32(scale)
-        if softcap:
-            s = np.float32(softcap) * np.tanh(s / np.float32(softcap))
-        return s + slopes_g * mask_part
+        """(…, rows, cols) scores with scale, softcap, ALiBi slope and mask."""
+        return _finish_scores(np.matmul(qg, keys_t), scale, softcap, slopes_g, mask_part)
 
     def _attend_dense(self, q, k, v, mask, scale, softcap, sinks, slopes) -> np.ndarray:
         """Query blocks × key blocks with an online softmax; keys no row of a block sees are skipped.
-        A prompt of several query blocks converts f16/quantized rows once for all of them."""
+        The query heads sharing a KV head are stacked into one matrix (one BLAS call per KV head),
+        and the score block is reused and updated in place. A prompt of several query blocks
+        converts f16/quantized rows once for all of them."""
         if len(q) > ATTN_BLOCK:
             k, v = as_float(k), as_float(v)
         n_tokens, n_head, d_k = q.shape
         n_kv, n_head_kv, d_v = v.shape
         g = n_head // n_head_kv
         slopes_g = slopes.reshape(n_head_kv, g, 1, 1)
-        sink_g = None if sinks is None else sinks.astype(np.float32).reshape(n_head_kv, g, 1)
-        out = np.zeros((n_tokens, n_head, d_v), dtype=np.float32)
+        out = np.empty((n_tokens, n_head, d_v), dtype=np.float32)
         finite = np.isfinite(mask)
         for t0 in range(0, n_tokens, ATTN_BLOCK):
             t1 = min(t0 + ATTN_BLOCK, n_tokens)
+            rows = t1 - t0
             cols = np.flatnonzero(finite[t0:t1].any(axis=0))
             if len(cols) == 0:
+                out[t0:t1] = 0.0
                 continue
-            qg = q[t0:t1].reshape(t1 - t0, n_head_kv, g, d_k).transpose(1, 2, 0, 3)  # (h_kv, g, rows, d_k)
-            m = np.full((n_head_kv, g, t1 - t0), -np.inf, dtype=np.float32)
+            # (h_kv, g·rows, d_k): a KV head's query heads stacked, head-major
+            qg = q[t0:t1].reshape(rows, n_head_kv, g, d_k).transpose(1, 2, 0, 3).reshape(n_head_kv, g * rows, d_k)
+            m = np.full((n_head_kv, g * rows), -np.inf, dtype=np.float32)
             l = np.zeros_like(m)
-            acc = np.zeros((n_head_kv, g, t1 - t0, d_v), dtype=np.float32)
+            acc = np.zeros((n_head_kv, g * rows, d_v), dtype=np.float32)
             for c0 in range(cols[0], cols[-1] + 1, KV_BLOCK):
                 c1 = min(c0 + KV_BLOCK, cols[-1] + 1)
                 keys = self._rows_f32(k, c0, c1, "attn_k").transpose(1, 2, 0)  # (h_kv, d_k, cells)
                 values = self._rows_f32(v, c0, c1, "attn_v").transpose(1, 0, 2)  # (h_kv, cells, d_v)
-                s = self._scores(qg, keys[:, None], scale, softcap, slopes_g, mask[t0:t1, c0:c1])
+                s = np.matmul(qg, keys, out=self._buffer("attn_s", (n_head_kv, g * rows, c1 - c0)))
+                _finish_scores(s.reshape(n_head_kv, g, rows, c1 - c0), scale, softcap, slopes_g,
+                               mask[t0:t1, c0:c1])
                 m_new = np.maximum(m, s.max(axis=-1))
                 m_safe = np.where(np.isfinite(m_new), m_new, 0.0)
                 alpha = np.exp(m - m_safe)
-                p = np.exp(s - m_safe[..., None])
+                s -= m_safe[..., None]
+                p = np.exp(s, out=s)
                 l = l * alpha + p.sum(axis=-1)
-                acc = acc * alpha[..., None] + np.matmul(p, values[:, None])
+                acc *= alpha[..., None]
+                acc += np.matmul(p, values)
                 m = m_new
-            if sink_g is not None:
-                l = l + np.exp(sink_g - np.where(np.isfinite(m), m, 0.0))
-            ctx = acc / np.where(l > 0, l, 1.0)[..., None]
-            out[t0:t1] = ctx.transpose(2, 0, 1, 3).reshape(t1 - t0, n_head, d_v)
+            if sinks is not None:
+                sink = np.repeat(sinks.astype(np.float32).reshape(n_head_kv, g), rows, axis=1)
+                l = l + np.exp(sink - np.where(np.isfinite(m), m, 0.0))
+            acc /= np.where(l > 0, l, 1.0)[..., None]
+            out[t0:t1] = acc.reshape(n_head_kv, g, rows, d_v).transpose(2, 0, 1, 3).reshape(rows, n_head, d_v)
         return out
 
     def _attend_sparse(self, q, k, v, mask, scale, softcap, sinks, slopes, n_kv_max: int) -> np.ndarray | None:
@@ -497,6 +503,21 @@ def qkernels():
     except ImportError as e:
         raise LLMError(f"the cpu backend needs numba for its quantized kernels ({e}); pip install numba") from None
     return kernels
+
+
+def _finish_scores(s: np.ndarray, scale: float, softcap: float, slopes_g: np.ndarray, mask_part: np.ndarray):
+    """Raw q·k scores to softcap(s·scale) + slope·mask, in place (a prompt's score block is its
+    attention's largest array); returns s."""
+    s *= np.float32(scale)
+    if softcap:
+        s /= np.float32(softcap)
+        np.tanh(s, out=s)
+        s *= np.float32(softcap)
+    if np.all(slopes_g == 1.0):
+        s += mask_part
+    else:
+        s += slopes_g * mask_part
+    return s
 
 
 def akernels():
