@@ -346,12 +346,30 @@ for _name, _fn in (("SILU", _silu_ref), ("GELU", _gelu_ref)):
                 run=lambda b, i, p, n=_name.lower(): getattr(b, n)(i["x"]),
                 cases=lambda quick: [dict(type="f32", ne=s) for s in _SHAPES]))
 
+def _glu_make(p, rng):
+    """ggml's GLU cases: split (gate and up as two tensors) or not (one [gate | up] tensor, as
+    the models' fused gate-up projection gives it)."""
+    gate = _f32(rng, p["ne"][1], p["ne"][0], lo=-6, hi=6)
+    up = _f32(rng, p["ne"][1], p["ne"][0], lo=-2, hi=2)
+    return dict(gate=gate, up=up) if p["split"] else dict(x=np.concatenate([gate, up], axis=1))
+
+
+def _glu_parts(i):
+    if "x" in i:
+        n_ff = i["x"].shape[1] // 2
+        return i["x"][:, :n_ff], i["x"][:, n_ff:]
+    return i["gate"], i["up"]
+
+
+def _glu_run(b, i, p, name):
+    return getattr(b, name)(i["gate"], i["up"]) if p["split"] else b.gated_ffn(i["x"], name)
+
+
 for _name, _fn in (("SWIGLU", _silu_ref), ("GEGLU", _gelu_ref)):
-    register(Op(_name, make=lambda p, rng: dict(gate=_f32(rng, p["ne"][1], p["ne"][0], lo=-6, hi=6),
-                                                up=_f32(rng, p["ne"][1], p["ne"][0], lo=-2, hi=2)),
-                reference=lambda i, p, fn=_fn: fn(i["gate"].astype(np.float64)) * i["up"],
-                run=lambda b, i, p, n=_name.lower(): getattr(b, n)(i["gate"], i["up"]),
-                cases=lambda quick: [dict(type="f32", ne=s) for s in _SHAPES]))
+    register(Op(_name, make=_glu_make,
+                reference=lambda i, p, fn=_fn: fn(_glu_parts(i)[0].astype(np.float64)) * _glu_parts(i)[1],
+                run=lambda b, i, p, n=_name.lower(): _glu_run(b, i, p, n),
+                cases=lambda quick: [dict(type="f32", ne=s, split=split) for s in _SHAPES for split in (True, False)]))
 
 # ---- SSM_CONV / SSM_SCAN (Mamba) ------------------------------------------------------------
 

@@ -127,3 +127,24 @@ def test_few_row_attention_kernel_matches_the_blas_path(cache_type):
         got, expected = backend._attend_rows(*args), backend._attend_dense(*args)
         np.testing.assert_allclose(got, expected, atol=2e-6)
         assert not got[2].any()
+
+
+def test_fast_exp_is_close_to_exp_and_zero_below_the_normal_range():
+    from numba import njit
+
+    from llmsuite.core.backend.akernels import fast_exp
+
+    @njit
+    def exp_all(x, out):
+        for i in range(x.size):
+            out[i] = fast_exp(x[i])
+
+    x = np.concatenate([np.linspace(-87.29, 88.37, 200_001), [0.0, -0.0]]).astype(np.float32)
+    got = np.empty_like(x)
+    exp_all(x, got)
+    expected = np.exp(x.astype(np.float64))
+    assert (np.abs(got - expected) / expected).max() < 3e-7
+    edges = np.array([-np.inf, -88.0, -1e4, 1e4, np.inf], np.float32)
+    got = np.empty_like(edges)
+    exp_all(edges, got)
+    assert got[0] == got[1] == got[2] == 0.0 and np.isfinite(got[3:]).all() and got[3] > 2e38
