@@ -374,6 +374,41 @@ def _matvec_decoded(w, x, out, decoder, run):
 
 
 @njit(inline="always")
+def _add_float_tail(w, x, out, tail_values):
+    """Float rows are decoded RUN values at a time; a row length that RUN does not divide (SSM
+    projections of rank 4, say) leaves a tail, added here."""
+    n_in = x.shape[1]
+    start = n_in - n_in % RUN
+    if start == n_in:
+        return
+    vals = np.empty(RUN, dtype=np.float32)
+    for r in range(w.shape[0]):
+        tail_values(w[r], start, n_in - start, vals)
+        for i in range(x.shape[0]):
+            acc = np.float32(0)
+            for j in range(n_in - start):
+                acc += vals[j] * x[i, start + j]
+            out[i, r] += acc
+
+
+@njit(inline="always")
+def _f32_tail(row, start, n, out):
+    out[:n] = row.view(np.float32)[start:start + n]
+
+
+@njit(inline="always")
+def _f16_tail(row, start, n, out):
+    _f16_values(row.view(np.uint16), start, n, out, 0)
+
+
+@njit(inline="always")
+def _bf16_tail(row, start, n, out):
+    src, bits = row.view(np.uint16), out.view(np.int32)
+    for j in range(n):
+        bits[j] = np.int32(src[start + j]) << 16
+
+
+@njit(inline="always")
 def _dequant(w, rows, out, decoder, run):
     for i in range(len(rows)):
         row, dst = w[rows[i]], out[i]
@@ -409,6 +444,7 @@ def _row_bf16(row, out):
 @njit(parallel=True, cache=True, fastmath=_FAST)
 def matvec_f32(w, x, out):
     _matvec_decoded(w, x, out, _f32, RUN)
+    _add_float_tail(w, x, out, _f32_tail)
 
 
 @njit(cache=True)
@@ -419,6 +455,7 @@ def dequant_f32(w, rows, out):
 @njit(parallel=True, cache=True, fastmath=_FAST)
 def matvec_f16(w, x, out):
     _matvec_decoded(w, x, out, _f16, RUN)
+    _add_float_tail(w, x, out, _f16_tail)
 
 
 @njit(cache=True)
@@ -429,6 +466,7 @@ def dequant_f16(w, rows, out):
 @njit(parallel=True, cache=True, fastmath=_FAST)
 def matvec_bf16(w, x, out):
     _matvec_decoded(w, x, out, _bf16, RUN)
+    _add_float_tail(w, x, out, _bf16_tail)
 
 
 @njit(cache=True)
