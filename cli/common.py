@@ -69,7 +69,7 @@ def open_model(spec: str | None, backend: str = "cpu") -> tuple[Model, float]:
         model = load_model(path, report, backend)
         progress.update(task, description="preparing cpu kernels (numba compiles them once per machine)",
                         total=None)
-        model.backend.prepare(model.weight_types)
+        model.backend.prepare(model.weight_types, state_space=model.is_recurrent)
     for note in getattr(model.backend, "notes", []):
         log(note)
     return model, time.perf_counter() - t0

@@ -35,6 +35,7 @@ def generate(
     cache_type_v: opt.CacheTypeV = None,
     backend: opt.Backend = "cpu",
     attn: opt.Attn = "auto",
+    numerics: opt.Numerics = "f32",
     seed: Annotated[int, typer.Option("-s", "--seed", help="sampling seed (default: random)")] = DEFAULT_SEED,
     temp: Annotated[float, typer.Option("--temp", help="temperature (0: greedy)")] = 0.8,
     top_k: Annotated[int, typer.Option("--top-k")] = 40,
@@ -53,7 +54,7 @@ def generate(
     if system is not None and not chat:
         raise InvalidInputError("--system only applies with --chat")
     params = opt.context_params(ctx_size, batch_size, ubatch_size, parallel, kv, ctx_kind, swa_full,
-                                cache_type_k, cache_type_v, backend, attn)
+                                cache_type_k, cache_type_v, backend, attn, numerics)
     lm, t_load = open_model(model, backend)
     ctx = Context(lm, params)
     if chat:

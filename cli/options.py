@@ -23,18 +23,20 @@ CacheTypeK = Annotated[Optional[str], typer.Option("-ctk", "--cache-type-k", hel
 CacheTypeV = Annotated[Optional[str], typer.Option("-ctv", "--cache-type-v", help=f"V cache type: {_CACHE_HELP}")]
 Backend = Annotated[str, typer.Option("--backend", help="compute backend: cpu (cuda with CuPy)")]
 Attn = Annotated[str, typer.Option("--attn", help="attention where masks are sparse: auto|dense|sparse")]
+Numerics = Annotated[str, typer.Option("--numerics", help="f32 | ggml (matmul activations rounded as ggml-cpu does)")]
 
 
 def context_params(ctx_size: int, batch_size: int, ubatch_size: int, parallel: int, kv: str, ctx: str,
                    swa_full: bool, cache_type_k: str | None, cache_type_v: str | None, backend: str = "cpu",
-                   attn: str = "auto") -> ContextParams:
-    """The flags as ContextParams, checked before any model is loaded."""
+                   attn: str = "auto", numerics: str = "f32") -> ContextParams:
+    """The flags as ContextParams (-ctk/-ctv None: not given), checked before any model is loaded."""
+    given = cache_type_k is not None or cache_type_v is not None
     cache_type_k, cache_type_v = cache_types(backend, cache_type_k, cache_type_v)
     params = ContextParams(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size, n_seq_max=parallel,
                            type_k=cache_type_k, type_v=cache_type_v, swa_full=swa_full, kv=kv, ctx=ctx,
-                           backend=backend, attn=attn)
+                           backend=backend, attn=attn, numerics=numerics, cache_types_given=given)
     params.validate()
-    get_backend(backend)  # an unavailable backend is refused before the model loads
+    get_backend(backend, numerics=numerics)  # an unavailable backend is refused before the model loads
     return params
 
 

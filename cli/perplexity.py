@@ -38,6 +38,7 @@ def perplexity(
     cache_type_v: opt.CacheTypeV = None,
     backend: opt.Backend = "cpu",
     attn: opt.Attn = "auto",
+    numerics: opt.Numerics = "f32",
     kl_base: Annotated[Optional[Path], typer.Option("--kl-divergence-base", help="file of base log-probabilities")] = None,
     kl: Annotated[bool, typer.Option("--kl-divergence", help="compare with --kl-divergence-base")] = False,
     output: Annotated[str, typer.Option("-o", "--output", help="text or json")] = "text",
@@ -62,9 +63,10 @@ def perplexity(
     text = read_text_file(file) if base is None else None
     if text is not None and not text.strip():
         raise InvalidInputError(f"{file} is empty")
+    given_k, given_v = cache_type_k, cache_type_v
     cache_type_k, cache_type_v = opt.cache_types(backend, cache_type_k, cache_type_v)
     opt.context_params(ctx_size, batch_size, min(ubatch_size, batch_size), 1, kv, ctx_kind, swa_full,
-                       cache_type_k, cache_type_v, backend, attn)
+                       given_k, given_v, backend, attn, numerics)
     lm, _ = open_model(model, backend)
     if base is not None:
         if base.n_vocab != lm.hparams.n_vocab or base.vocab_fp != vocab_fingerprint(lm.vocab):
@@ -82,8 +84,8 @@ def perplexity(
                           f"({ctx_size} specified)", markup=False)
     _check_memory(plan, lm.hparams.n_vocab)
     ctx = Context(lm, opt.context_params(plan.n_seq * plan.n_ctx, plan.n_batch, min(ubatch_size, plan.n_batch),
-                                         plan.n_seq, kv, ctx_kind, swa_full, cache_type_k, cache_type_v, backend,
-                                         attn))
+                                         plan.n_seq, kv, ctx_kind, swa_full, given_k, given_v, backend,
+                                         attn, numerics))
     log(f"perplexity: calculating perplexity over {plan.n_chunk} chunks, n_ctx={plan.n_ctx}, "
         f"batch_size={plan.n_batch}, n_seq={plan.n_seq}")
     settings = dict(model=lm.name, file=str(file) if file else None, n_ctx=plan.n_ctx, n_chunk=plan.n_chunk,

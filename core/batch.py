@@ -52,11 +52,6 @@ class UBatch:
     def n_outputs(self) -> int:
         return int(self.output.sum())
 
-    def seq_pos_range(self) -> dict[int, tuple[int, int]]:
-        """First and last position of each sequence in this ubatch."""
-        return {int(s): (int(self.pos[self.seq_id == s].min()), int(self.pos[self.seq_id == s].max()))
-                for s in np.unique(self.seq_id)}
-
 
 class BatchAllocator:
     """Validates a batch against the vocabulary and the memory, then splits it (llama_batch_allocr)."""

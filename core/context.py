@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import get_backend
+from .backend import NUMERICS, get_backend
 from .batch import Batch, BatchAllocator
 from .errors import InvalidInputError, excerpt
 from .graph import Graph
@@ -42,6 +42,7 @@ class ContextParams(MemoryParams):
     n_batch: int = 2048
     backend: str = "cpu"
     attn: str = "auto"  # attention path where a sparse bound exists: auto, dense or sparse
+    numerics: str = "f32"  # "ggml": matmul activations rounded as ggml-cpu does (closer to llama.cpp)
 
     def validate(self) -> None:
         """Refuse flag values that cannot work whatever the model (checked before loading one)."""
@@ -51,6 +52,8 @@ class ContextParams(MemoryParams):
             raise InvalidInputError("-b and -ub must be positive")
         if self.n_ubatch > self.n_batch:
             raise InvalidInputError(f"the micro-batch (-ub {self.n_ubatch}) cannot exceed the batch (-b {self.n_batch})")
+        if self.numerics not in NUMERICS:
+            raise InvalidInputError(f"unknown --numerics '{self.numerics}' (choose from {', '.join(NUMERICS)})")
         if self.attn not in ATTN_PATHS:
             raise InvalidInputError(f"unknown --attn '{self.attn}' (choose from {', '.join(ATTN_PATHS)})")
         self.validate_flags()
@@ -86,7 +89,7 @@ class Context:
         if params.backend != model.backend.name:
             raise InvalidInputError(f"the model was loaded for the {model.backend.name} backend, not {params.backend}")
         self.model, self.params = model, params
-        self.backend = get_backend(params.backend, params.attn)
+        self.backend = get_backend(params.backend, params.attn, params.numerics)
         self.memory = model.create_memory(params, self.backend.xp)
         self.kind = "no-kv" if self.memory.kind == "none" else "decoder"
         self.balloc = BatchAllocator(hp.n_vocab, params.n_seq_max)
@@ -104,7 +107,8 @@ class Context:
     # ---- decoding ------------------------------------------------------------------------
 
     def decode(self, batch: Batch) -> DecodeStatus:
-        """Run a batch; on failure memory is as before (or, mid-batch, keeps the ubatches done)."""
+        """Run a batch; on failure the memory is as before the failed ubatch (the ubatches done
+        before it stay, as in llama.cpp): the memory context rolls that ubatch back."""
         t0 = time.perf_counter()
         self.last_error = ""
         self._invalidate_outputs()
@@ -115,7 +119,7 @@ class Context:
             self.balloc.init(batch, self.memory)
         except InvalidInputError as e:
             return self._fail(DecodeStatus.INVALID_BATCH, str(e))
-        self.memory.update(self.shift_keys)
+        self.memory.update(self.backend)
         mctx = self.memory.init_batch(self.balloc, self.params.n_ubatch)
         if mctx.status != MemoryStatus.SUCCESS:
             return self._fail(DecodeStatus.NO_SLOT, f"no room in the context ({self.n_ctx} cells) for the batch")
@@ -134,13 +138,13 @@ class Context:
                 if not contiguous:
                     logits[self.backend.asarray(rows)] = out
             except KeyboardInterrupt:
-                self._roll_back(ub)
+                mctx.rollback()
                 return self._fail(DecodeStatus.ABORTED, "interrupted")
             except (MemoryError, FloatingPointError) as e:
-                self._roll_back(ub)
+                mctx.rollback()
                 return self._fail(DecodeStatus.COMPUTE_FAILED, f"compute failed: {e}")
             except Exception:
-                self._roll_back(ub)  # a bug: keep memory consistent, then surface it
+                mctx.rollback()  # a bug: keep memory consistent, then surface it
                 raise
             if not mctx.next():
                 break
@@ -160,17 +164,6 @@ class Context:
         if self._logits_store is None or len(self._logits_store) < n_rows:
             self._logits_store = self.backend.xp.empty((n_rows, n_vocab), dtype=np.float32)
         return self._logits_store[:n_rows]
-
-    def shift_keys(self, il: int, keys: np.ndarray, delta: np.ndarray) -> np.ndarray:
-        """Rotate cached keys of layer il by a position delta (RoPE composes: R(p+d) = R(d)R(p))."""
-        hp = self.model.hparams
-        table = self.backend.rope_cache(delta, hp.n_rot, hp.rope_base(il), hp.rope_freq_scale)
-        return self.backend.rope(keys, table, neox=hp.rope_neox)
-
-    def _roll_back(self, ub) -> None:
-        """Remove the failed ubatch's positions; earlier ubatches stay (llama.cpp's rule)."""
-        for seq, (p0, _) in ub.seq_pos_range().items():
-            self.memory.seq_rm(seq, p0, -1)
 
     def _fail(self, status: DecodeStatus, message: str) -> DecodeStatus:
         self.last_error = message
@@ -196,7 +189,7 @@ class Context:
 
         A pending K-shift is applied first: state files hold keys at the positions they record
         and carry no shift of their own."""
-        self.memory.update(self.shift_keys)
+        self.memory.update(self.backend)
         w = StateWriter()
         w.parts.append(STATE_MAGIC if seq is None else SEQ_STATE_MAGIC)
         w.u32(STATE_VERSION)

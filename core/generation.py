@@ -69,7 +69,9 @@ def reuse_prompt_cache(ctx: Context, path: Path, prompt: list[int]) -> tuple[int
     while n_match < min(len(saved), len(prompt)) and saved[n_match] == prompt[n_match]:
         n_match += 1
     keep = min(n_match, len(prompt) - 1)
-    ctx.memory.seq_rm(0, keep, -1)
+    if not ctx.memory.seq_rm(0, keep, -1):  # a recurrent state cannot drop its tail: start over
+        ctx.memory.clear()
+        return 0, n_match == len(prompt)
     return keep, n_match == len(prompt)
 
 

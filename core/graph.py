@@ -1,5 +1,6 @@
 """`Graph`: one ubatch in flight. A model's forward pass is written against these helpers; the
-only door to the memory is `attn`, and every numeric op goes through the backend."""
+doors to the memory are `attn` (attention layers) and `rs` (recurrent layers), and every numeric
+op goes through the backend."""
 
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ class Graph:
     def attn(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
         """Store this ubatch's K/V for layer il, attend over the memory; returns (n_tokens, n_head*d_v)."""
         view = self.mctx.layer(il)
-        view.store(il, k, v)
-        groups = view.groups(il)
+        view.store(k, v)
+        groups = view.groups()
         if len(groups) == 1:
             g = groups[0]
             return self.ops.flash_attn_ext(q, g.keys, g.values, g.mask, scale, n_kv_max=g.n_kv_max).reshape(len(q), -1)
@@ -56,6 +57,10 @@ class Graph:
             rows = g.rows if isinstance(g.rows, slice) else self.ops.asarray(g.rows)
             out[rows] = self.ops.flash_attn_ext(q[rows], g.keys, g.values, g.mask, scale, n_kv_max=g.n_kv_max)
         return out.reshape(len(q), -1)
+
+    def rs(self, il: int):
+        """Layer il's recurrent states for this ubatch (a RecurrentView: read, write, seq_index)."""
+        return self.mctx.layer(il)
 
     def ffn(self, x: np.ndarray, gate_up: np.ndarray, down: np.ndarray, act: str) -> np.ndarray:
         """Gated feed-forward with the gate and up projections fused into one weight."""

@@ -116,6 +116,9 @@ def dequantized(raw: np.ndarray, type_name: str, shape) -> np.ndarray:
 # Gemma 3 270M (q, k|v, o, gate|up, down, head). A type is tested where n_in fits its blocks.
 MODEL_MATMULS = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576),
                  (1024, 640), (256, 640), (640, 1024), (2048, 640), (640, 2048), (262144, 640)]
+# Mamba's step-size projections have a small rank (n_in 4 in tiny-mamba, 48 in Mamba-130M), which
+# no 32-value run divides: every float type is tested there in quick runs too.
+SSM_MATMULS = [(128, 4), (1536, 48)]
 MATMUL_ROWS = (1, 2, 4, 8, 512)  # decode, -np sequences, small ubatches, a prompt
 MATMUL_MAX_FLOPS = 2 * 49152 * 576 * 8  # the float64 reference of larger cases takes too long
 
@@ -129,6 +132,8 @@ def _mul_mat_cases(quick: bool) -> list[dict]:
     for t in WEIGHT_TYPES:
         block = GGML_QUANT_SIZES[ggml_type(t)][0]
         fitting = [(m, k) for m, k in shapes if k % block == 0][:1 if quick else None]
+        if block == 1:
+            fitting += SSM_MATMULS
         cases += [dict(type_a=t, type_b="f32", m=m, n=n, k=k) for m, k in fitting for n in MATMUL_ROWS
                   if 2 * m * n * k <= MATMUL_MAX_FLOPS]
     return cases
@@ -372,51 +377,100 @@ for _name, _fn in (("SWIGLU", _silu_ref), ("GEGLU", _gelu_ref)):
                 cases=lambda quick: [dict(type="f32", ne=s, split=split) for s in _SHAPES for split in (True, False)]))
 
 # ---- SSM_CONV / SSM_SCAN (Mamba) ------------------------------------------------------------
+# Token-major, as the engine runs them: tokens in ubatch order, `seq_index[t]` the state row of
+# token t's sequence (ggml's ops take equal-length sequences (n_seq, n_t); that is the special
+# case seq_index = repeat(arange(n_seq), n_t)). Cases interleave sequences of unequal length too.
+
+
+def _seq_index(p, rng) -> np.ndarray:
+    """Tokens of n_seq sequences: equal runs one after another, or (mixed) shuffled across them."""
+    index = np.repeat(np.arange(p["n_seq"]), p["n_t"])
+    return rng.permutation(index) if p.get("mixed") else index
 
 
 def _ssm_conv_ref(i, p):
-    sx, c = i["sx"].astype(np.float64), i["c"].astype(np.float64)
-    n_t = sx.shape[1] - c.shape[1] + 1
-    return np.stack([np.einsum("sik,ik->si", sx[:, t:t + c.shape[1]].transpose(0, 2, 1), c) for t in range(n_t)], 1)
+    x, w = i["x"].astype(np.float64), i["w"].astype(np.float64)
+    state = i["state"].astype(np.float64).copy()
+    out = np.empty_like(x)
+    for t, s in enumerate(i["seq_index"]):
+        window = np.concatenate([state[s], x[t][None]])  # (d_conv, C)
+        out[t] = (window.T * w).sum(axis=1)
+        state[s] = window[1:]
+    return np.concatenate([out.reshape(-1), state.reshape(-1)])
+
+
+def _ssm_conv_run(b, i, p):
+    out, state = b.ssm_conv(i["x"], i["state"], i["w"], i["seq_index"])
+    return np.concatenate([b.to_numpy(out).reshape(-1), b.to_numpy(state).reshape(-1)])
 
 
 register(Op(
     "SSM_CONV",
-    make=lambda p, rng: dict(sx=_f32(rng, p["n_seq"], p["d_conv"] - 1 + p["n_t"], p["d_inner"]),
-                             c=_f32(rng, p["d_inner"], p["d_conv"])),
-    reference=_ssm_conv_ref, run=lambda b, i, p: b.ssm_conv(i["sx"], i["c"]),
-    cases=lambda quick: [dict(d_conv=4, d_inner=di, n_t=nt, n_seq=ns) for di in (64, 1536) for nt in (1, 7)
-                         for ns in (1, 3)],
+    make=lambda p, rng: dict(x=_f32(rng, p["n_seq"] * p["n_t"], p["d_inner"]),
+                             state=_f32(rng, p["n_seq"], p["d_conv"] - 1, p["d_inner"]),
+                             w=_f32(rng, p["d_inner"], p["d_conv"]), seq_index=_seq_index(p, rng)),
+    reference=_ssm_conv_ref, run=_ssm_conv_run,
+    cases=lambda quick: [dict(d_conv=4, d_inner=di, n_t=nt, n_seq=ns, mixed=mixed) for di in (128, 192, 1536)
+                         for nt in (1, 7) for ns in (1, 3) for mixed in (False, True) if ns > 1 or not mixed],
 ))
 
 
 def _ssm_scan_ref(i, p):
-    s = i["state"].astype(np.float64).copy()
-    ys = []
-    for t in range(i["x"].shape[1]):
-        dt = i["dt"][:, t].astype(np.float64)
-        dt = np.where(dt <= 20, np.log1p(np.exp(np.minimum(dt, 20))), dt)[:, :, None]
-        s = s * np.exp(dt * i["A"]) + dt * i["B"][:, t, None, :] * i["x"][:, t, :, None]
-        ys.append((s * i["C"][:, t, None, :]).sum(-1))
-    return np.concatenate([np.stack(ys, 1).reshape(-1), s.reshape(-1)])
+    """Per token: Δ = softplus(dt) (x itself above 20), state = state·e^(Δ·A) + Δ·x ⊗ B, y = state·C."""
+    state = i["state"].astype(np.float64).copy()
+    A, heads_per_group = i["A"].astype(np.float64), p["n_head"] // p["n_group"]
+    y = np.empty(i["x"].shape)
+    for t, s in enumerate(i["seq_index"]):
+        dt = i["dt"][t].astype(np.float64)
+        delta = np.where(dt > 20, dt, np.log1p(np.exp(np.minimum(dt, 20))))[:, None, None]  # (H, 1, 1)
+        B = np.repeat(i["B"][t].astype(np.float64), heads_per_group, axis=0)[:, None, :]  # (H, 1, N)
+        C = np.repeat(i["C"][t].astype(np.float64), heads_per_group, axis=0)[:, None, :]
+        state[s] = state[s] * np.exp(delta * A[:, None, :]) + delta * i["x"][t][:, :, None] * B
+        y[t] = (state[s] * C).sum(axis=-1)
+    return np.concatenate([y.reshape(-1), state.reshape(-1)])
 
 
 def _ssm_scan_run(b, i, p):
-    y, s = b.ssm_scan(i["state"], i["x"], i["dt"], i["A"], i["B"], i["C"])
-    return np.concatenate([b.to_numpy(y).reshape(-1), b.to_numpy(s).reshape(-1)])
+    y, state = b.ssm_scan(i["state"], i["x"], i["dt"], i["A"], i["B"], i["C"], i["seq_index"])
+    return np.concatenate([b.to_numpy(y).reshape(-1), b.to_numpy(state).reshape(-1)])
+
+
+def _ssm_scan_make(p, rng):
+    """Mamba-1 (head_dim 1, one group, A per channel and state) or Mamba-2 (A per head)."""
+    n_tok, H, P, N, G = p["n_seq"] * p["n_t"], p["n_head"], p["head_dim"], p["d_state"], p["n_group"]
+    return dict(state=_f32(rng, p["n_seq"], H, P, N), x=_f32(rng, n_tok, H, P),
+                dt=_f32(rng, n_tok, H, lo=-4, hi=2), A=-np.exp(_f32(rng, H, N if p["mamba"] == 1 else 1)),
+                B=_f32(rng, n_tok, G, N), C=_f32(rng, n_tok, G, N), seq_index=_seq_index(p, rng))
 
 
 register(Op(
     "SSM_SCAN",
-    make=lambda p, rng: dict(state=_f32(rng, p["n_seq"], p["d_inner"], p["d_state"]),
-                             x=_f32(rng, p["n_seq"], p["n_t"], p["d_inner"]),
-                             dt=_f32(rng, p["n_seq"], p["n_t"], p["d_inner"], lo=-4, hi=2),
-                             A=-np.exp(_f32(rng, p["d_inner"], p["d_state"], lo=-1, hi=1)),
-                             B=_f32(rng, p["n_seq"], p["n_t"], p["d_state"]),
-                             C=_f32(rng, p["n_seq"], p["n_t"], p["d_state"])),
-    reference=_ssm_scan_ref, run=_ssm_scan_run,
-    cases=lambda quick: [dict(d_state=ds, d_inner=di, n_t=nt, n_seq=ns) for ds in (16,) for di in (64, 256)
-                         for nt in (1, 5) for ns in (1, 2)],
+    make=_ssm_scan_make, reference=_ssm_scan_ref, run=_ssm_scan_run,
+    cases=lambda quick: [dict(mamba=1, n_head=di, head_dim=1, n_group=1, d_state=16, n_t=nt, n_seq=ns, mixed=ns > 1)
+                         for di in (128, 256) for nt in (1, 5) for ns in (1, 2)]
+                        + [dict(mamba=2, n_head=h, head_dim=hd, n_group=g, d_state=ds, n_t=nt, n_seq=ns, mixed=ns > 1)
+                           for h, hd, g in ((4, 32, 2), (24, 64, 1)) for ds in (16, 128) for nt in (1, 5)
+                           for ns in (1, 3)],
+))
+
+# ---- RMS_NORM over groups (Mamba-2's gated norm) ------------------------------------------------
+
+
+def _group_norm_ref(i, p):
+    x = i["x"].astype(np.float64).reshape(len(i["x"]), p["n_group"], -1)
+    normed = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + p["eps"])
+    return (normed * i["w"]).reshape(len(x), -1)
+
+
+register(Op(
+    "RMS_NORM_GROUP",
+    make=lambda p, rng: dict(x=_f32(rng, p["ne"][1], p["ne"][0], lo=-3, hi=3),
+                             w=_f32(rng, p["n_group"], p["ne"][0] // p["n_group"], lo=0.5, hi=1.5)),
+    reference=_group_norm_ref,
+    run=lambda b, i, p: b.rms_norm(i["x"].reshape(len(i["x"]), p["n_group"], -1), i["w"], p["eps"]).reshape(
+        len(i["x"]), -1),
+    cases=lambda quick: [dict(ne=[n, rows], n_group=g, eps=1e-5) for n, g in ((128, 2), (1536, 1), (4096, 8))
+                         for rows in (1, 5)],
 ))
 
 # ---- TOP_K -----------------------------------------------------------------------------------

@@ -209,3 +209,45 @@ def dequantize_rows(raw: np.ndarray, qtype: T) -> np.ndarray:
     _, type_size = GGML_QUANT_SIZES[qtype]
     n = len(raw)
     return _FAST[qtype](raw.reshape(-1, type_size)).reshape(n, -1)
+
+
+# ---- ggml's activation rounding (`--numerics ggml`) --------------------------------------------
+# ggml-cpu converts a matmul's activations to its weight type's `vec_dot_type` before the dot
+# product: F16/BF16 rows for F16/BF16 weights, 8-bit blocks for quantized ones (q8_0/q8_1 blocks
+# of 32 with an f16 scale for the 32-blocks, q8_K blocks of 256 with an f32 scale for K-quants).
+# The integer dot product equals the float product of the rounded activations and the weights.
+
+def _as_q8_32(x: np.ndarray) -> np.ndarray:
+    blocks = x.reshape(len(x), -1, 32)
+    d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    return (np.round(blocks * inv) * d.astype(np.float16).astype(np.float32)).reshape(x.shape)
+
+
+def _as_q8_k(x: np.ndarray) -> np.ndarray:
+    blocks = x.reshape(len(x), -1, 256)
+    signed_max = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=-1)[..., None], axis=-1)
+    inv = np.divide(np.float32(-127), signed_max, out=np.zeros_like(signed_max), where=signed_max != 0)
+    d = np.divide(np.float32(1), inv, out=np.zeros_like(inv), where=inv != 0)
+    return (np.minimum(np.round(blocks * inv), 127) * d).reshape(x.shape)
+
+
+def _as_bf16(x: np.ndarray) -> np.ndarray:
+    bits = x.view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & 1)) & np.uint32(0xFFFF0000)  # to nearest even
+    return rounded.view(np.float32)
+
+
+_ACTIVATION_ROUNDING = {
+    T.F16: lambda x: x.astype(np.float16).astype(np.float32),
+    T.BF16: _as_bf16,
+    **{t: _as_q8_32 for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)},
+    **{t: _as_q8_k for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K)},
+}
+
+
+def ggml_activations(x: np.ndarray, weight_type: int) -> np.ndarray:
+    """(n, n_in) float32 activations as ggml-cpu rounds them for a weight of `weight_type`
+    (unchanged for F32 and types without a rule)."""
+    rounding = _ACTIVATION_ROUNDING.get(T(int(weight_type)))
+    return x if rounding is None else rounding(np.ascontiguousarray(x, dtype=np.float32))

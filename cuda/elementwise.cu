@@ -2,15 +2,17 @@
 // rows in and out of tables and caches, and the arg-max that greedy sampling needs.
 #include "common.cuh"
 
-// y = x / sqrt(mean(x^2) + eps) * w, one block per row (w may be null).
-extern "C" __global__ void rms_norm_f32(const float * x, const float * w, float * y, int ncols, float eps) {
+// y = x / sqrt(mean(x^2) + eps) * w, one block per row (w may be null). w holds w_rows rows of ncols:
+// row r uses w's row r % w_rows (grouped norms: x (tokens, groups, ncols), w (groups, ncols)).
+extern "C" __global__ void rms_norm_f32(const float * x, const float * w, float * y, int ncols, int w_rows, float eps) {
     __shared__ float scratch[32];
     const float * row = x + (long long) blockIdx.x * ncols;
     float * out = y + (long long) blockIdx.x * ncols;
     float sum = 0.0f;
     for (int i = threadIdx.x; i < ncols; i += blockDim.x) sum += row[i] * row[i];
     const float scale = rsqrtf(block_sum(sum, scratch) / ncols + eps);
-    for (int i = threadIdx.x; i < ncols; i += blockDim.x) out[i] = row[i] * scale * (w ? w[i] : 1.0f);
+    const float * wrow = w ? w + (long long) (blockIdx.x % w_rows) * ncols : nullptr;
+    for (int i = threadIdx.x; i < ncols; i += blockDim.x) out[i] = row[i] * scale * (wrow ? wrow[i] : 1.0f);
 }
 
 // Layer norm without affine: (x - mean) / sqrt(var + eps).

@@ -29,6 +29,11 @@ PRESETS = {
     "gemma3-270m": dict(arch="gemma3", n_vocab=262144, n_embd=640, n_layer=18, n_head=4, n_head_kv=1, head_dim=256,
                         n_ff=2048, n_ctx=32768, rope_base=1e6, eps=1e-6, sliding_window=512,
                         matrix_type=Q.Q5_0, embd_type=Q.Q8_0, file_type=F.MOSTLY_Q5_0),
+    # Mamba-130M (state-spaces/mamba-130m) quantized like SmolLM2 above, for a recurrent model of the
+    # same size: Q4_1 projections, the rank-48 step projection F32 (no block fits 48), Q8_0 embeddings
+    "mamba-130m": dict(arch="mamba", n_vocab=50280, n_embd=768, n_layer=24, d_inner=1536, d_state=16, d_conv=4,
+                       dt_rank=48, n_ctx=1 << 20, eps=1e-5, matrix_type=Q.Q4_1, embd_type=Q.Q8_0,
+                       file_type=F.MOSTLY_Q4_1),
 }
 
 
@@ -41,8 +46,21 @@ def byte_level_tokens(n_vocab: int) -> list[str]:
     return [stand_in[b] for b in range(256)] + fill + ["<s>", "</s>"]
 
 
+def mamba_layer_tensors(p: dict, il: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    e, di, ds, blk = p["n_embd"], p["d_inner"], p["d_state"], f"blk.{il}"
+    return {f"{blk}.attn_norm.weight": ((e,), "norm"), f"{blk}.ssm_in.weight": ((2 * di, e), "matrix"),
+            f"{blk}.ssm_conv1d.weight": ((di, p["d_conv"]), "f32"), f"{blk}.ssm_conv1d.bias": ((di,), "bias"),
+            f"{blk}.ssm_x.weight": ((p["dt_rank"] + 2 * ds, di), "matrix"),
+            f"{blk}.ssm_dt.weight": ((di, p["dt_rank"]), "f32"), f"{blk}.ssm_dt.bias": ((di,), "bias"),
+            f"{blk}.ssm_a": ((di, ds), "decay"), f"{blk}.ssm_d": ((di,), "norm"),
+            f"{blk}.ssm_out.weight": ((e, di), "matrix")}
+
+
 def layer_tensors(p: dict, il: int) -> dict[str, tuple[tuple[int, ...], str]]:
-    """name → (NumPy shape, "matrix" or "norm") for one block."""
+    """name → (NumPy shape, kind) for one block: kinds "matrix", "norm", and for Mamba "f32"
+    (an unquantized matrix), "bias" and "decay"."""
+    if p["arch"] == "mamba":
+        return mamba_layer_tensors(p, il)
     e, hd, ff = p["n_embd"], p["head_dim"], p["n_ff"]
     blk = f"blk.{il}"
     out = {f"{blk}.attn_norm.weight": ((e,), "norm"),
@@ -63,6 +81,9 @@ def layer_tensors(p: dict, il: int) -> dict[str, tuple[tuple[int, ...], str]]:
 
 def add_hparams(w: GGUFWriter, p: dict) -> None:
     a = p["arch"]
+    if a == "mamba":
+        add_ssm_hparams(w, p)
+        return
     w.add_context_length(p["n_ctx"])
     w.add_embedding_length(p["n_embd"])
     w.add_block_count(p["n_layer"])
@@ -79,6 +100,17 @@ def add_hparams(w: GGUFWriter, p: dict) -> None:
         w.add_sliding_window(p["sliding_window"])
 
 
+def add_ssm_hparams(w: GGUFWriter, p: dict) -> None:
+    w.add_context_length(p["n_ctx"])
+    w.add_embedding_length(p["n_embd"])
+    w.add_block_count(p["n_layer"])
+    w.add_layer_norm_rms_eps(p["eps"])
+    for key in ("conv_kernel", "inner_size", "state_size", "time_step_rank"):
+        w.add_uint32(f"mamba.ssm.{key}", p[{"conv_kernel": "d_conv", "inner_size": "d_inner", "state_size": "d_state",
+                                             "time_step_rank": "dt_rank"}[key]])
+    w.add_uint32("mamba.vocab_size", p["n_vocab"])
+
+
 def add_tokenizer(w: GGUFWriter, n_vocab: int) -> None:
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-2")
@@ -91,10 +123,17 @@ def add_tokenizer(w: GGUFWriter, n_vocab: int) -> None:
 
 
 def random_tensor(rng: np.random.Generator, shape: tuple[int, ...], kind: str, qtype: Q):
-    """(data, raw dtype): norms near 1 in F32; matrices N(0, 1/n_in) quantized to qtype."""
+    """(data, raw dtype): norms near 1 in F32; matrices N(0, 1/n_in) quantized to qtype (F32 for
+    "f32"); biases small; decays -1..-d_state per channel, as Mamba initializes A."""
     if kind == "norm":
         return (1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32), None
+    if kind == "bias":
+        return (0.02 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32), None
+    if kind == "decay":
+        return -np.tile(np.arange(1, shape[1] + 1, dtype=np.float32), (shape[0], 1)), None
     data = rng.standard_normal(shape, dtype=np.float32) * np.float32(1.0 / np.sqrt(shape[-1]))
+    if kind == "f32":
+        return data, None
     return quants.quantize(data, qtype), qtype
 
 

@@ -14,6 +14,7 @@ from llmsuite.core.models import load_model
 FIXTURES = Path(__file__).parent / "fixtures"
 REAL_MODELS = ["smollm2-135m", "gemma3-270m"]
 TINY_GEMMA3 = FIXTURES / "tiny" / "tiny-gemma3-swa.gguf"
+TINY_SSM = {"mamba": FIXTURES / "tiny" / "tiny-mamba.gguf", "mamba2": FIXTURES / "tiny" / "tiny-mamba2.gguf"}
 
 
 def load_fixture(relative: str) -> dict:
@@ -29,6 +30,12 @@ def real_model(name: str):
 @lru_cache(maxsize=None)
 def tiny_gemma3():
     return load_model(TINY_GEMMA3)
+
+
+@lru_cache(maxsize=None)
+def tiny_ssm(arch: str):
+    """tiny-mamba or tiny-mamba2, by architecture name."""
+    return load_model(TINY_SSM[arch])
 
 
 @pytest.fixture(params=REAL_MODELS)

@@ -3,12 +3,12 @@ import pytest
 
 from llmsuite.core.batch import Batch, BatchAllocator
 from llmsuite.core.errors import InvalidInputError
-from llmsuite.core.memory import KVCache, LayerShape
+from llmsuite.core.memory import KVCache, AttnSpec
 
 
 @pytest.fixture
 def cache():
-    return KVCache({0: LayerShape(1, 4, 4)}, kv_size=32, n_seq_max=2)
+    return KVCache({0: AttnSpec(1, 4, 4)}, kv_size=32, n_seq_max=2)
 
 
 def test_defaults(cache):

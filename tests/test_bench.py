@@ -104,7 +104,7 @@ def test_cli_sweep_skips_what_does_not_apply():
 @pytest.mark.parametrize("args, fragment", [
     (["pp"], "bad test spec 'pp'"),
     (["xx512"], "bad test spec 'xx512'"),
-    (["--kv", "recurrent", "pp8"], "unknown --kv value 'recurrent'"),
+    (["--kv", "paged", "pp8"], "unknown --kv value 'paged'"),
     (["-m", "smollm2-135m", "pp512@d32768"], "needs 33280 positions, more than the 8192"),
     (["-m", "smollm2-135m", "pp8", "--kv", "iswa"], "--kv iswa needs sliding-window layers"),
     (["-p", "5-1"], "invalid range"),

@@ -89,8 +89,8 @@ def test_models_lists_known_models():
 def test_unknown_architecture_and_tensor_type(tmp_path):
     from ggufmake import set_tensor_type, write_gguf
 
-    mamba = write_gguf(tmp_path / "mamba.gguf", "mamba")
-    assert_one_line_error(llm("generate", "-m", str(mamba), "-p", "hi"), "unknown architecture 'mamba'")
+    rwkv7 = write_gguf(tmp_path / "rwkv7.gguf", "rwkv7")
+    assert_one_line_error(llm("generate", "-m", str(rwkv7), "-p", "hi"), "unknown architecture 'rwkv7'")
     odd = write_gguf(tmp_path / "odd.gguf", "llama")
     set_tensor_type(odd, "dummy.weight", 77)
     assert_one_line_error(llm("info", str(odd)), "unknown tensor type id 77")

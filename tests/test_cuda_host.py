@@ -46,9 +46,9 @@ def test_every_op_case_launches_its_kernels_as_declared(cuda):
     exact = [r for r in results if r.case.startswith(COMPUTED_WITHOUT_KERNELS)]
     assert len(exact) > 40
     assert not [r.case for r in exact if not r.passed]
+    assert {"ssm_conv_f32", "ssm_scan_f32"} <= launched
     assert sum(not r.supported for r in results) == len([c for c in select_cases(quick=True)
-                                                         if c.op.name in ("SSM_CONV", "SSM_SCAN")
-                                                         or (c.op.name == "SET_ROWS" and c.params["type"][0] == "q")])
+                                                         if c.op.name == "SET_ROWS" and c.params["type"][0] == "q"])
 
 
 def test_matmul_maps_row_major_onto_cublas(cuda):
@@ -89,9 +89,10 @@ def test_the_fake_rejects_a_wrong_launch(cuda):
     kernel = cuda.kernels["rms_norm_f32"]
     x = cuda.xp.zeros((2, 64), dtype=np.float32)
     with pytest.raises(AssertionError, match="argument 3"):
-        kernel((2,), (64,), (x, fake_cupy.np.uint64(0), x, 64, np.float32(1e-6)))  # a Python int for `int ncols`
+        kernel((2,), (64,), (x, fake_cupy.np.uint64(0), x, 64, np.int32(1), np.float32(1e-6)))  # a Python int
     with pytest.raises(AssertionError, match="array of float16"):
-        kernel((2,), (64,), (x.astype(np.float16), fake_cupy.np.uint64(0), x, np.int32(64), np.float32(1e-6)))
+        kernel((2,), (64,), (x.astype(np.float16), fake_cupy.np.uint64(0), x, np.int32(64), np.int32(1),
+                             np.float32(1e-6)))
     assert OPS  # the op registry is loaded (the fakes need no other state)
 
 
@@ -157,3 +158,68 @@ def test_dequant_kernels_expand_exactly_what_gguf_does(dequant_on_host):
     dequant_on_host.launch(dequant_on_host.convert_bf16, bf16.ctypes.data_as(ctypes.c_void_p),
                            out.ctypes.data_as(ctypes.c_void_p), ctypes.c_longlong(1000), ctypes.c_longlong(1000))
     assert np.array_equal(out, dequantize(bf16.view(np.uint8), T.BF16, 1000).astype(np.float16))
+
+
+SSM_LAUNCHERS = """
+extern "C" void conv(const float * x, float * state, const float * w, const long long * seq, float * out,
+                     int n_tokens, int n_ch, int d_conv) {
+    blockDim.x = 1;
+    for (int c = 0; c < n_ch; ++c) { blockIdx.x = c; ssm_conv_f32(x, state, w, seq, out, n_tokens, n_ch, d_conv); }
+}
+extern "C" void scan(float * state, const float * x, const float * dt, const float * A, const float * B,
+                     const float * C, const long long * seq, float * y, int n_tokens, int n_head, int head_dim,
+                     int n_state, int n_group, int a_cols) {
+    blockDim.x = 1;
+    for (int r = 0; r < n_head * head_dim; ++r) {
+        blockIdx.x = r;
+        ssm_scan_f32(state, x, dt, A, B, C, seq, y, n_tokens, n_head, head_dim, n_state, n_group, a_cols);
+    }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def ssm_on_host(tmp_path_factory):
+    """cuda/ssm.cu built for the CPU, one emulated thread at a time."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    from llmsuite.core.backend.kernels import KERNEL_DIR
+
+    folder = tmp_path_factory.mktemp("ssm")
+    source = (KERNEL_DIR / "ssm.cu").read_text().replace('#include "common.cuh"', HOST_SHIM + "#include <cmath>\n")
+    (folder / "ssm.cpp").write_text(source + SSM_LAUNCHERS)
+    subprocess.run([shutil.which("g++"), "-O1", "-shared", "-fPIC", "-std=c++17", "-o", str(folder / "ssm.so"),
+                    str(folder / "ssm.cpp")], check=True, capture_output=True)
+    return ctypes.CDLL(str(folder / "ssm.so"))
+
+
+def _ptr(a):
+    import ctypes
+
+    return a.ctypes.data_as(ctypes.c_void_p)
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_ssm_conv_kernel_computes_the_contract(ssm_on_host, mixed):
+    op, params = OPS["SSM_CONV"], dict(d_conv=4, d_inner=40, n_t=5, n_seq=3, mixed=mixed)
+    i = op.make(params, np.random.default_rng(2))
+    state, out = i["state"].copy(), np.empty_like(i["x"])
+    ssm_on_host.conv(_ptr(i["x"]), _ptr(state), _ptr(i["w"]), _ptr(i["seq_index"].astype(np.int64)), _ptr(out),
+                     len(i["x"]), 40, 4)
+    np.testing.assert_allclose(np.concatenate([out.reshape(-1), state.reshape(-1)]), op.reference(i, params),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mamba, n_head, head_dim, n_group", [(1, 24, 1, 1), (2, 4, 8, 2)])
+def test_ssm_scan_kernel_computes_the_contract(ssm_on_host, mamba, n_head, head_dim, n_group):
+    op = OPS["SSM_SCAN"]
+    params = dict(mamba=mamba, n_head=n_head, head_dim=head_dim, n_group=n_group, d_state=16, n_t=4, n_seq=3, mixed=True)
+    i = op.make(params, np.random.default_rng(3))
+    state, y = i["state"].copy(), np.empty_like(i["x"])
+    ssm_on_host.scan(_ptr(state), *(_ptr(i[k]) for k in ("x", "dt", "A", "B", "C")),
+                     _ptr(i["seq_index"].astype(np.int64)), _ptr(y), len(i["x"]), n_head, head_dim, 16, n_group,
+                     i["A"].shape[1])
+    np.testing.assert_allclose(np.concatenate([y.reshape(-1), state.reshape(-1)]), op.reference(i, params),
+                               rtol=1e-4, atol=1e-5)

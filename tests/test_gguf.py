@@ -65,8 +65,8 @@ def test_unknown_tensor_type(tmp_path):
 
 
 def test_unknown_architecture(tmp_path):
-    path = write_gguf(tmp_path / "mamba.gguf", "mamba")
-    with pytest.raises(UnsupportedError, match="unknown architecture 'mamba'"):
+    path = write_gguf(tmp_path / "rwkv7.gguf", "rwkv7")
+    with pytest.raises(UnsupportedError, match="unknown architecture 'rwkv7'"):
         load_model(path)
 
 

@@ -6,10 +6,10 @@ import pytest
 from llmsuite.core.backend.cpu import as_float
 from llmsuite.core.batch import Batch, BatchAllocator
 from llmsuite.core.errors import InvalidInputError
-from llmsuite.core.memory import KVCache, KVCacheISWA, LayerShape, MemoryStatus, NoKVMemory
+from llmsuite.core.memory import AttnSpec, KVCache, KVCacheISWA, MemoryStatus, NoKVMemory, RopeSpec
 from llmsuite.core.statefile import StateReader, StateWriter
 
-LAYERS = {0: LayerShape(1, 32, 32), 1: LayerShape(1, 32, 32)}
+LAYERS = {0: AttnSpec(1, 32, 32), 1: AttnSpec(1, 32, 32)}
 
 
 def snapshot(memory) -> bytes:
@@ -28,7 +28,7 @@ def commit(memory, tokens, seq_id=0, n_seq_max=4, n_ubatch=512, kv=None):
         mctx.apply()
         for il in LAYERS:
             rows = np.repeat(mctx.ubatch.tokens[:, None, None], 32, axis=2).astype(np.float32)
-            mctx.layer(il).store(il, rows, rows)
+            mctx.layer(il).store(rows, rows)
         if mctx.index + 1 == len(mctx.ubatches):
             return mctx
         mctx.next()
@@ -36,7 +36,7 @@ def commit(memory, tokens, seq_id=0, n_seq_max=4, n_ubatch=512, kv=None):
 
 def visible(mctx, il=0, row=0):
     """Positions a query row can see, per the mask of its group."""
-    group = mctx.layer(il).groups(il)[0]
+    group = mctx.layer(il).groups()[0]
     cells = mctx.cache.cells[0] if hasattr(mctx, "cache") else None
     return sorted(cells.pos[: group.mask.shape[1]][np.isfinite(group.mask[row])])
 
@@ -66,7 +66,7 @@ def test_mask_is_causal_per_sequence():
     cache = KVCache(LAYERS, kv_size=16, n_seq_max=2)
     commit(cache, [1, 2, 3], seq_id=0, n_seq_max=2)
     mctx = commit(cache, [4, 5], seq_id=1, n_seq_max=2)
-    mask = mctx.layer(0).groups(0)[0].mask  # tokens of sequence 1 at positions 0 and 1
+    mask = mctx.layer(0).groups()[0].mask  # tokens of sequence 1 at positions 0 and 1
     np.testing.assert_array_equal(np.isfinite(mask), [[0, 0, 0, 1, 0], [0, 0, 0, 1, 1]])
 
 
@@ -143,23 +143,42 @@ def test_split_batch_groups_sequences_per_stream():
     assert [list(g.rows) for g in groups] == [[0, 1], [2, 3]] and all(g.keys.shape[0] == 2 for g in groups)
 
 
+class RecordingRope:
+    """A backend whose rope records the position deltas it is asked to rotate by."""
+
+    def __init__(self):
+        self.deltas = []
+
+    def rope_cache(self, delta, n_rot, base, freq_scale):
+        self.deltas.append(np.asarray(delta).copy())
+        return delta
+
+    def rope(self, keys, table, neox):
+        return keys
+
+
 def test_seq_add_and_div_shift_lazily():
-    cache = KVCache(LAYERS, kv_size=16)
+    roped = {il: AttnSpec(1, 32, 32, rope=RopeSpec(32, 10000.0)) for il in LAYERS}
+    cache = KVCache(roped, kv_size=16)
     commit(cache, list(range(6)))
     cache.seq_add(0, 3, -1, -2)  # positions 3,4,5 -> 1,2,3; cells at 1,2 collide in position, as in llama.cpp
     assert cache.seq_pos_max(0) == 3
     np.testing.assert_array_equal(cache.cells[0].shift[:6], [0, 0, 0, -2, -2, -2])
     cache.seq_div(0, 0, -1, 2)
     np.testing.assert_array_equal(cache.cells[0].pos[:6], [0, 0, 1, 0, 1, 1])
-    seen = {}
+    backend = RecordingRope()
+    assert cache.update(backend)
+    assert len(backend.deltas) == 2  # once per layer, with the cells' accumulated deltas
+    np.testing.assert_array_equal(backend.deltas[0], [-1, -1, -3, -3, -4])  # the keys of cells 1..5 move
+    assert not cache.cells[0].shift.any() and not cache.update(backend)
 
-    def record(il, keys, delta):
-        seen[il] = delta
-        return keys
 
-    assert cache.update(record)
-    np.testing.assert_array_equal(seen[0], [-1, -1, -3, -3, -4])  # the keys of cells 1..5 move
-    assert not cache.cells[0].shift.any() and not cache.update(record)
+def test_keys_without_rope_are_not_rotated():
+    cache = KVCache(LAYERS, kv_size=16)
+    commit(cache, list(range(4)))
+    cache.seq_add(0, -1, -1, 3)
+    backend = RecordingRope()
+    assert cache.update(backend) and backend.deltas == [] and cache.seq_pos_max(0) == 6
 
 
 def test_seq_add_below_zero_frees_cells():
@@ -194,7 +213,7 @@ def test_state_of_other_shape_is_refused_and_changes_nothing():
 
 
 def test_iswa_sizes_and_routing():
-    layers = {il: LayerShape(1, 4, 4) for il in range(6)}
+    layers = {il: AttnSpec(1, 4, 4) for il in range(6)}
     mem = KVCacheISWA(layers, {0, 1, 2, 3, 4}, kv_size=4096, n_swa=512, n_ubatch=512)
     assert mem.base.kv_size == 4096 and mem.swa.kv_size == 1024 and not mem.can_shift
     assert set(mem.swa.k) == {0, 1, 2, 3, 4} and set(mem.base.k) == {5}

@@ -4,7 +4,7 @@ from ..errors import InvalidInputError
 from .cpu import CPUBackend
 
 BACKENDS = ("cpu", "cuda")
-__all__ = ["BACKENDS", "CPUBackend", "BackendUnavailable", "available_backends", "cuda_unavailable_reason", "default_cache_type",
+__all__ = ["BACKENDS", "NUMERICS", "CPUBackend", "BackendUnavailable", "available_backends", "cuda_unavailable_reason", "default_cache_type",
            "get_backend"]
 
 
@@ -40,9 +40,16 @@ def available_backends() -> list[str]:
     return ["cpu"] + (["cuda"] if cuda_unavailable_reason() is None else [])
 
 
-def get_backend(name: str = "cpu", attn_path: str = "auto"):
+NUMERICS = ("f32", "ggml")
+
+
+def get_backend(name: str = "cpu", attn_path: str = "auto", numerics: str = "f32"):
+    if numerics not in NUMERICS:
+        raise InvalidInputError(f"unknown --numerics '{numerics}' (choose from {', '.join(NUMERICS)})")
     if name == "cpu":
-        return CPUBackend(attn_path)
+        return CPUBackend(attn_path, numerics)
+    if numerics != "f32":
+        raise InvalidInputError(f"--numerics {numerics} is implemented on the cpu backend only")
     if name == "cuda":
         reason = cuda_unavailable_reason()
         if reason:

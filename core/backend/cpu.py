@@ -7,11 +7,13 @@ reference of every op are in core/ops.py; `llm test-ops -b cpu` checks this file
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..errors import LLMError
-from ..quants import dequantize, quantize_rows
+from ..quants import dequantize, ggml_activations, quantize_rows
 from .algebra import ArrayAlgebra
 from .weights import BlockRows, QuantWeight
 
@@ -73,8 +75,9 @@ class CPUBackend(ArrayAlgebra):
     name = "cpu"
     xp = np
 
-    def __init__(self, attn_path: str = "auto"):
+    def __init__(self, attn_path: str = "auto", numerics: str = "f32"):
         self.attn_path = attn_path  # "auto", "dense" or "sparse" (forced where the hint allows it)
+        self.numerics = numerics  # "f32", or "ggml": matmul activations rounded as ggml-cpu does
         self._buffers: dict[str, np.ndarray] = {}
         self.notes: list[str] = []  # fallbacks taken while loading, for -v
 
@@ -139,9 +142,10 @@ class CPUBackend(ArrayAlgebra):
                               "expanded to f32 at load")
         return out
 
-    def prepare(self, weight_types) -> None:
+    def prepare(self, weight_types, state_space: bool = False) -> None:
         """Compile (the first time on a machine) or load from numba's cache the kernels a model
-        with these weight types needs: each one runs once on a one-block weight."""
+        with these weight types (and, for a recurrent model, the state-space ops) needs: each one
+        runs once on a one-block weight."""
         kernels = qkernels()
         x = np.ones((1, 256), dtype=np.float32)
         try:
@@ -159,6 +163,12 @@ class CPUBackend(ArrayAlgebra):
                 self.rope(q, (np.ones((1, 1), np.float32), np.zeros((1, 1), np.float32)), neox)
             for cache in (np.zeros((1, 1, 4), np.float16), np.zeros((1, 1, 4), np.float32)):
                 self._attend_rows(q, cache, cache, np.zeros((1, 1), np.float32), 1.0, 0.0, None, np.ones(1))
+            if state_space:
+                one, seq = np.zeros((1, 1), np.float32), np.zeros(1, np.int64)
+                self.ssm_conv(one, np.zeros((1, 1, 1), np.float32), np.zeros((1, 2), np.float32), seq)
+                for a in (np.zeros((1, 1), np.float32), np.zeros((1, 2), np.float32)):
+                    self.ssm_scan(np.zeros((1, 1, 1, a.shape[1]), np.float32), one[:, :, None], one, a,
+                                  np.zeros((1, 1, a.shape[1]), np.float32), np.zeros((1, 1, a.shape[1]), np.float32), seq)
         except LLMError:
             raise
         except Exception as e:  # numba's compile errors are long; the first line says what failed
@@ -183,6 +193,14 @@ class CPUBackend(ArrayAlgebra):
         x = np.ascontiguousarray(x, dtype=np.float32)
         if out is None:
             out = np.empty((len(x), w.shape[0]), dtype=np.float32)
+        if self.numerics == "ggml":
+            for part, col in w.spans():  # each part's activations rounded for its own type
+                self._matmul_quant(ggml_activations(x, part.qtype), QuantWeight((part,), w.n_in),
+                                   out[:, col:col + part.n_out])
+            return out
+        return self._matmul_quant(x, w, out)
+
+    def _matmul_quant(self, x: np.ndarray, w: QuantWeight, out: np.ndarray) -> np.ndarray:
         kernels = qkernels()
         if len(x) > FUSED_MAX_ROWS:
             self._tiled_matmul(kernels, w, x, out)
@@ -459,26 +477,28 @@ class CPUBackend(ArrayAlgebra):
     # ---- state-space ops (Mamba) ---------------------------------------------------------
 
     @staticmethod
-    def ssm_conv(sx: np.ndarray, c: np.ndarray) -> np.ndarray:
-        """Depthwise causal conv: sx (n_seq, d_conv - 1 + n_t, d_inner), c (d_inner, d_conv)
-        → (n_seq, n_t, d_inner) with out[t, i] = sum_k sx[t + k, i] * c[i, k]."""
-        d_conv = c.shape[1]
-        n_t = sx.shape[1] - d_conv + 1
-        windows = np.lib.stride_tricks.sliding_window_view(sx, d_conv, axis=1)[:, :n_t]  # (s, t, i, k)
-        return np.einsum("stik,ik->sti", windows, c, optimize=True).astype(np.float32)
+    def ssm_conv(x: np.ndarray, state: np.ndarray, w: np.ndarray, seq_index: np.ndarray):
+        """Depthwise causal conv over tokens in ubatch order: x (T, C), state (S, d_conv - 1, C) the
+        last inputs of each sequence, w (C, d_conv), seq_index (T,) each token's state row.
+        Returns (out (T, C), the new states)."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        state = np.array(state, dtype=np.float32, order="C")  # updated in place: a copy
+        out = np.empty_like(x)
+        skernels().ssm_conv_rows(x, state, np.ascontiguousarray(w, dtype=np.float32),
+                                 np.ascontiguousarray(seq_index, dtype=np.int64), out)
+        return out, state
 
     @staticmethod
-    def ssm_scan(state, x, dt, A, B, C):
-        """Mamba-1 selective scan. state (n_seq, d_inner, d_state); x, dt (n_seq, n_t, d_inner);
-        A (d_inner, d_state); B, C (n_seq, n_t, d_state). Returns (y (n_seq, n_t, d_inner), state)."""
-        dt_soft = np.where(dt <= 20.0, np.log1p(np.exp(np.minimum(dt, 20.0))), dt).astype(np.float32)
-        s = state.astype(np.float32, copy=True)
-        y = np.empty_like(x, dtype=np.float32)
-        for t in range(x.shape[1]):
-            d = dt_soft[:, t, :, None]  # (s, i, 1)
-            s = s * np.exp(d * A) + d * B[:, t, None, :] * x[:, t, :, None]
-            y[:, t] = np.einsum("sin,sn->si", s, C[:, t])
-        return y, s
+    def ssm_scan(state: np.ndarray, x: np.ndarray, dt: np.ndarray, A: np.ndarray, B: np.ndarray,
+                 C: np.ndarray, seq_index: np.ndarray):
+        """The selective scan (Mamba-1 with A (H, N), Mamba-2 with A (H, 1)): state (S, H, P, N),
+        x (T, H, P), dt (T, H) before softplus, B and C (T, G, N). Returns (y (T, H, P), the new
+        states); see skernels.ssm_scan_rows."""
+        state = np.array(state, dtype=np.float32, order="C")
+        f32 = [np.ascontiguousarray(a, dtype=np.float32) for a in (x, dt, A, B, C)]
+        y = np.empty(f32[0].shape, dtype=np.float32)
+        skernels().ssm_scan_rows(state, *f32, np.ascontiguousarray(seq_index, dtype=np.int64), y)
+        return y, state
 
     # ---- sampling -------------------------------------------------------------------------
 
@@ -501,15 +521,6 @@ class CPUBackend(ArrayAlgebra):
         return np.take_along_axis(part, order, axis=-1).astype(np.int32)
 
 
-def qkernels():
-    """The numba kernels, imported (and compiled, or loaded from numba's cache) on first use."""
-    try:
-        from . import qkernels as kernels
-    except ImportError as e:
-        raise LLMError(f"the cpu backend needs numba for its quantized kernels ({e}); pip install numba") from None
-    return kernels
-
-
 def _finish_scores(s: np.ndarray, scale: float, softcap: float, slopes_g: np.ndarray, mask_part: np.ndarray):
     """Raw q·k scores to softcap(s·scale) + slope·mask, in place (a prompt's score block is its
     attention's largest array); returns s."""
@@ -525,13 +536,24 @@ def _finish_scores(s: np.ndarray, scale: float, softcap: float, slopes_g: np.nda
     return s
 
 
-def akernels():
-    """The attention kernels (numba), imported on first use like qkernels."""
+def _kernel_module(name: str, what: str):
+    """A numba kernel module, imported (compiled, or loaded from numba's cache) on first use."""
     try:
-        from . import akernels as kernels
+        return importlib.import_module(f"{__package__}.{name}")
     except ImportError as e:
-        raise LLMError(f"the cpu backend needs numba for its attention kernels ({e}); pip install numba") from None
-    return kernels
+        raise LLMError(f"the cpu backend needs numba for its {what} kernels ({e}); pip install numba") from None
+
+
+def qkernels():
+    return _kernel_module("qkernels", "quantized")
+
+
+def akernels():
+    return _kernel_module("akernels", "attention")
+
+
+def skernels():
+    return _kernel_module("skernels", "state-space")
 
 
 def numba_threads() -> int:

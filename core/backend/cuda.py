@@ -26,7 +26,7 @@ DECODE_MAX_ROWS = 8  # more query rows than this go to the prefill kernel (dense
 MIN_KEYS_PER_SPLIT = 256
 NULL = np.uint64(0)  # a null pointer argument
 F32, F16 = cp.float32, cp.float16
-UNSUPPORTED_OPS = ("SSM_CONV", "SSM_SCAN")
+UNSUPPORTED_OPS: tuple[str, ...] = ()
 
 
 class Kernels:
@@ -114,7 +114,7 @@ class CUDABackend(ArrayAlgebra):
 
     # ---- weights -------------------------------------------------------------------------
 
-    def prepare(self, weight_types) -> None:
+    def prepare(self, weight_types, state_space: bool = False) -> None:
         """Nothing to do: the kernels were compiled when the backend started."""
 
     def load_weight(self, raw: np.ndarray, qtype, shape: tuple[int, ...], name: str = ""):
@@ -215,7 +215,9 @@ class CUDABackend(ArrayAlgebra):
         if x.size:
             ncols = x.shape[-1]
             w = NULL if weight is None else cp.ascontiguousarray(weight, dtype=F32)
-            self._launch("rms_norm_f32", (x.size // ncols,), _row_threads(ncols), (x, w, y, np.int32(ncols), np.float32(eps)))
+            w_rows = 1 if weight is None else weight.size // ncols  # a (groups, ncols) weight repeats per group
+            self._launch("rms_norm_f32", (x.size // ncols,), _row_threads(ncols),
+                         (x, w, y, np.int32(ncols), np.int32(w_rows), np.float32(eps)))
         return y
 
     def norm(self, x, eps: float):
@@ -396,6 +398,34 @@ class CUDABackend(ArrayAlgebra):
             ctx = cp.matmul(p / cp.where(total > 0, total, 1.0), values)  # (h_kv, g, rows, d_v)
             out[t0:t1] = ctx.transpose(2, 0, 1, 3).reshape(t1 - t0, n_head, d_v)
         return out
+
+    # ---- state-space ops (Mamba) ---------------------------------------------------------
+
+    def ssm_conv(self, x, state, w, seq_index):
+        """The causal conv; contract in core/ops.py (SSM_CONV). Returns (out, new states)."""
+        x = cp.ascontiguousarray(x, dtype=F32)
+        state = cp.array(state, dtype=F32, order="C")
+        w = cp.ascontiguousarray(w, dtype=F32)
+        out = cp.empty_like(x)
+        n_tokens, n_ch = x.shape
+        if x.size:
+            self._launch("ssm_conv_f32", _grid(n_ch, 128), 128,
+                         (x, state, w, cp.asarray(seq_index, dtype=cp.int64), out, np.int32(n_tokens),
+                          np.int32(n_ch), np.int32(w.shape[1])))
+        return out, state
+
+    def ssm_scan(self, state, x, dt, A, B, C, seq_index):
+        """The selective scan; contract in core/ops.py (SSM_SCAN). Returns (y, new states)."""
+        state = cp.array(state, dtype=F32, order="C")
+        x, dt, A, B, C = (cp.ascontiguousarray(a, dtype=F32) for a in (x, dt, A, B, C))
+        y = cp.empty_like(x)
+        n_tokens, n_head, head_dim = x.shape
+        if x.size:
+            self._launch("ssm_scan_f32", _grid(n_head * head_dim, 128), 128,
+                         (state, x, dt, A, B, C, cp.asarray(seq_index, dtype=cp.int64), y, np.int32(n_tokens),
+                          np.int32(n_head), np.int32(head_dim), np.int32(state.shape[3]), np.int32(B.shape[1]),
+                          np.int32(A.shape[1])))
+        return y, state
 
     # ---- sampling and selection ----------------------------------------------------------
 

@@ -19,10 +19,10 @@ from gguf import GGMLQuantizationType as T
 from ..errors import InvalidInputError
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "cuda"
-KERNEL_FILES = ("elementwise.cu", "dequant.cu", "fattn.cu")
+KERNEL_FILES = ("elementwise.cu", "dequant.cu", "fattn.cu", "ssm.cu")
 COMMON_HEADER = "common.cuh"
 KERNEL_FILE_BY_PREFIX = (("fattn_", "fattn.cu"), ("mask_to_indices", "fattn.cu"), ("dequant_", "dequant.cu"),
-                         ("convert_", "dequant.cu"))
+                         ("convert_", "dequant.cu"), ("ssm_", "ssm.cu"))
 
 # (d_k, d_v) → query heads per block of the split-KV kernel (which also gathers sparse lists)
 GATHER_SHAPES = {(64, 64): 16, (128, 128): 8, (256, 256): 4, (576, 512): 2}

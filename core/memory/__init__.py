@@ -1,11 +1,16 @@
-"""Memory (KV cache) classes behind one protocol (base.py), chosen by flag (factory.py)."""
+"""Memory (KV cache) classes behind one protocol (base.py), built from a model's declared layout
+(spec.py) and chosen by flag (factory.py)."""
 
-from .base import AttnGroup, LoadedState, Memory, MemoryContext, MemoryStatus
-from .factory import CTX_KINDS, KV_KINDS, MemoryParams, create_memory, resolve_kinds
+from .base import AttnGroup, AttnView, LoadedState, Memory, MemoryContext, MemoryStatus, RecurrentView
+from .factory import CTX_KINDS, KV_KINDS, MEMORY_KINDS, MemoryParams, create_memory, memory_kind, resolve_kinds
 from .iswa import KVCacheISWA
-from .kv_cache import KVCache, LayerShape
+from .kv_cache import KVCache
 from .none import NoKVMemory
+from .recurrent import RecurrentMemory
+from .spec import AttnSpec, MemorySpec, RecurrentSpec, RopeSpec
 from .storage import CACHE_TYPES
 
-__all__ = ["AttnGroup", "LoadedState", "Memory", "MemoryContext", "MemoryStatus", "KVCache", "KVCacheISWA", "NoKVMemory",
-           "LayerShape", "MemoryParams", "create_memory", "resolve_kinds", "KV_KINDS", "CTX_KINDS", "CACHE_TYPES"]
+__all__ = ["AttnGroup", "AttnView", "RecurrentView", "LoadedState", "Memory", "MemoryContext", "MemoryStatus",
+           "KVCache", "KVCacheISWA", "NoKVMemory", "RecurrentMemory", "AttnSpec", "RecurrentSpec", "RopeSpec",
+           "MemorySpec", "MemoryParams", "create_memory", "memory_kind", "resolve_kinds", "MEMORY_KINDS", "KV_KINDS",
+           "CTX_KINDS", "CACHE_TYPES"]

@@ -1,22 +1,22 @@
 """The memory protocol (llama_memory_i): plan a batch without touching anything, then commit
-it one ubatch at a time through `MemoryContext.apply()`. Sequence edits (`seq_*`) change cell
-metadata at once; a position shift re-rotates cached keys lazily, in `update()`, before the
-next batch."""
+it one ubatch at a time through `MemoryContext.apply()`, which `rollback()` undoes exactly.
+Sequence edits (`seq_*`) change cell metadata at once; a position shift re-rotates cached keys
+lazily, in `update()`, before the next batch.
+
+The graph reaches a layer's memory through `MemoryContext.layer(il)`: an `AttnView` for an
+attention layer, a `RecurrentView` for a recurrent one."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 
 from ..batch import BatchAllocator, UBatch
 from ..statefile import StateReader, StateWriter
-
-# (layer, keys (n, n_head_kv, head_dim), position delta (n,)) -> keys rotated by the delta
-KeyShifter = Callable[[int, np.ndarray, np.ndarray], np.ndarray]
 
 
 class MemoryStatus(Enum):
@@ -34,6 +34,42 @@ class AttnGroup:
     values: np.ndarray  # (n_kv, n_head_kv, head_dim_v)
     mask: np.ndarray  # (n_rows, n_kv): 0 keep, -inf drop
     n_kv_max: int = 0  # bound on the finite entries of any mask row (0: no promise)
+
+
+class AttnView(Protocol):
+    """An attention layer's door to the memory, for the current ubatch."""
+
+    def store(self, k: np.ndarray, v: np.ndarray) -> None:
+        """Keep the ubatch's K/V rows (n_tokens, n_head_kv, head_dim)."""
+
+    def groups(self) -> list[AttnGroup]:
+        """The keys each group of query rows attends, with its mask."""
+
+
+class RecurrentView(Protocol):
+    """A recurrent layer's door to the memory: the states of the ubatch's sequences, in the order
+    of `seq_index` (the ubatch token → state row map)."""
+
+    seq_index: np.ndarray  # (n_tokens,) row of each token's sequence in read()'s arrays
+
+    def read(self) -> tuple[np.ndarray, np.ndarray]:
+        """(conv (n_seqs, d_conv - 1, channels), ssm (n_seqs, *ssm_shape)), fresh arrays."""
+
+    def write(self, conv: np.ndarray, ssm: np.ndarray) -> None:
+        """The states after the ubatch, same shapes as read()'s."""
+
+
+class BoundAttnView:
+    """Layer il of a context whose `store(il, k, v)` and `groups(il)` serve every attention layer."""
+
+    def __init__(self, mctx, il: int):
+        self.mctx, self.il = mctx, il
+
+    def store(self, k: np.ndarray, v: np.ndarray) -> None:
+        self.mctx.store(self.il, k, v)
+
+    def groups(self) -> list[AttnGroup]:
+        return self.mctx.groups(self.il)
 
 
 @dataclass
@@ -65,8 +101,12 @@ class MemoryContext(ABC):
         """Commit the current ubatch."""
 
     @abstractmethod
-    def layer(self, il: int):
-        """Layer il's view: `store(il, k, v)` then `groups(il) -> list[AttnGroup]`."""
+    def rollback(self) -> None:
+        """Undo the last apply() and what the graph then wrote: the memory is exactly as before it."""
+
+    @abstractmethod
+    def layer(self, il: int) -> AttnView | RecurrentView:
+        """Layer il's view for the current ubatch."""
 
 
 class Memory(ABC):
@@ -76,8 +116,11 @@ class Memory(ABC):
     def init_batch(self, balloc: BatchAllocator, n_ubatch: int) -> MemoryContext:
         """Split the batch and place every ubatch; never mutates the memory."""
 
-    def update(self, shift_keys: KeyShifter) -> bool:
-        """Apply pending work (the K-shift); True if anything changed."""
+    # what a failed partial seq_rm says, for the caller's message
+    refusal: str = ""
+
+    def update(self, backend) -> bool:
+        """Apply pending work (the K-shift, with `backend`'s rope); True if anything changed."""
         return False
 
     @abstractmethod
@@ -85,7 +128,8 @@ class Memory(ABC):
 
     @abstractmethod
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
-        """Remove positions [p0, p1) of seq (seq < 0: every sequence; negative bounds: open)."""
+        """Remove positions [p0, p1) of seq (seq < 0: every sequence; negative bounds: open).
+        False, with the reason in `refusal` and nothing changed, where the memory cannot."""
 
     @abstractmethod
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...

@@ -1,21 +1,26 @@
-"""Choosing the memory class from the flags (`--kv`, `--ctx`, `--swa-full`, cache types, `-np`),
-refusing combinations that cannot apply with the reason."""
+"""Building a model's memory from the layout it declares (`MemorySpec`) and the flags (`--kv`,
+`--ctx`, `--swa-full`, cache types, `-np`), refusing combinations that cannot apply with the reason.
+
+Each `--kv` value is a `MemoryKind` registered with `@memory_kind`: a new kind of memory adds one
+there, with its builder, its size and the models it refuses; the choosing code stays as it is."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from ..errors import InvalidInputError
 from .base import Memory
 from .iswa import KVCacheISWA, swa_cache_size
-from .kv_cache import KVCache, LayerShape
+from .kv_cache import KVCache
 from .none import NoKVMemory
+from .recurrent import RecurrentMemory
+from .spec import AttnSpec, MemorySpec, RecurrentSpec
 from .storage import CACHE_TYPES, check_cache_type, row_bytes
 
-KV_KINDS = ("auto", "unified", "split", "iswa", "none")
 CTX_KINDS = ("auto", "decoder", "encoder", "no-kv")
 MAX_SEQ = 256
 
@@ -30,6 +35,7 @@ class MemoryParams:
     swa_full: bool = False
     kv: str = "auto"
     ctx: str = "auto"
+    cache_types_given: bool = False  # -ctk/-ctv came from the user, not a default
 
     def validate_flags(self) -> None:
         """The checks that hold whatever the model."""
@@ -50,51 +56,131 @@ class MemoryParams:
             raise InvalidInputError(f"--swa-full sizes the window cache of --kv iswa; --kv {self.kv} has none")
 
 
-def resolve_kinds(arch: str, has_swa: bool, p: MemoryParams) -> tuple[str, str]:
-    """(memory kind, context kind) for a decoder-only model, or InvalidInputError saying why not."""
+@dataclass(frozen=True)
+class MemoryKind:
+    """A selectable memory class: how to build it from a model's spec and the flags, what it will
+    take (checked before anything is allocated), and why it cannot serve a model (None: it can)."""
+    build: Callable[[MemorySpec, MemoryParams, object], Memory]
+    nbytes: Callable[[MemorySpec, MemoryParams], int]
+    refuses: Callable[[MemorySpec, str, MemoryParams], str | None]
+    holds_kv: bool = True  # its storage types are -ctk/-ctv
+
+
+MEMORY_KINDS: dict[str, MemoryKind] = {}
+
+
+def memory_kind(name: str, nbytes, refuses, holds_kv: bool = True):
+    """Register the decorated builder as `--kv name`."""
+    def register(build):
+        MEMORY_KINDS[name] = MemoryKind(build, nbytes, refuses, holds_kv)
+        return build
+    return register
+
+
+def resolve_kinds(arch: str, spec: MemorySpec, p: MemoryParams) -> tuple[str, str]:
+    """(memory kind, context kind) for a decoder model, or InvalidInputError saying why not."""
     p.validate_flags()
     if p.ctx == "encoder":
         raise InvalidInputError(f"--ctx encoder needs an encoder model; {arch} is a causal decoder")
-    kv = p.kv
-    if kv == "auto":
-        kv = "none" if p.ctx == "no-kv" else ("iswa" if has_swa else "unified")
-    if kv == "iswa" and not has_swa:
-        raise InvalidInputError(f"--kv iswa needs sliding-window layers; {arch} has none")
-    if p.swa_full and not has_swa:
+    kv = p.kv if p.kv != "auto" else ("none" if p.ctx == "no-kv" else default_kind(spec))
+    reason = MEMORY_KINDS[kv].refuses(spec, arch, p)
+    if reason:
+        raise InvalidInputError(reason)
+    if p.swa_full and not spec.window_layers:
         raise InvalidInputError(f"--swa-full applies to sliding-window models; {arch} has none")
-    if kv == "split" and p.n_ctx // p.n_seq_max < 1:
-        raise InvalidInputError(f"-c {p.n_ctx} cannot be split into {p.n_seq_max} sequences")
+    if not MEMORY_KINDS[kv].holds_kv and p.cache_types_given and spec.of(RecurrentSpec):
+        raise InvalidInputError(f"-ctk/-ctv set the types of cached keys and values; {arch}'s recurrent "
+                                "states are float32")
     return kv, ("no-kv" if kv == "none" else "decoder")
 
 
-def create_memory(hp, arch: str, p: MemoryParams, xp=np) -> Memory:
-    """The memory for a decoder-only transformer with hyper-parameters `hp`, its rows in `xp` arrays."""
-    has_swa = hp.n_swa > 0 and bool(hp.swa_layers)
-    kv, _ = resolve_kinds(arch, has_swa, p)
-    for type_name, dim in ((p.type_k, hp.n_embd_k_gqa), (p.type_v, hp.n_embd_v_gqa)):
-        check_cache_type(type_name, dim)
-    layers = {il: LayerShape(hp.n_head_kv, hp.head_dim_k, hp.head_dim_v) for il in range(hp.n_layer)}
-    swa = dict(n_swa=hp.n_swa, swa_layers=hp.swa_layers) if has_swa else {}
-    check_fits(cache_bytes(hp, kv, p), p.n_ctx, xp)
-    if kv == "none":
-        return NoKVMemory(p.n_seq_max, n_vocab=hp.n_vocab, **swa)
-    if kv == "iswa":
-        return KVCacheISWA(layers, set(hp.swa_layers), p.n_ctx, hp.n_swa, p.n_ubatch, p.n_seq_max,
-                           p.type_k, p.type_v, p.swa_full, xp=xp)
-    if kv == "split":
-        return KVCache(layers, p.n_ctx // p.n_seq_max, p.n_seq_max, p.n_seq_max, p.type_k, p.type_v,
-                       kind="split", xp=xp, **swa)
-    return KVCache(layers, p.n_ctx, p.n_seq_max, 1, p.type_k, p.type_v, kind="unified", xp=xp, **swa)
+def default_kind(spec: MemorySpec) -> str:
+    if spec.layers and len(spec.of(RecurrentSpec)) == len(spec.layers):
+        return "recurrent"
+    return "iswa" if spec.window_layers else "unified"
 
 
-def cache_bytes(hp, kv: str, p: MemoryParams) -> int:
-    """What the cache of kind `kv` will take, computed before anything is allocated."""
-    if kv == "none":
-        return 0
-    per_cell = row_bytes(p.type_k, hp.n_embd_k_gqa) + row_bytes(p.type_v, hp.n_embd_v_gqa)
-    n_window_layers = len(hp.swa_layers) if kv == "iswa" else 0
-    window_cells = p.n_ctx if p.swa_full else swa_cache_size(p.n_ctx, hp.n_swa, p.n_seq_max, p.n_ubatch)
-    return per_cell * ((hp.n_layer - n_window_layers) * p.n_ctx + n_window_layers * window_cells)
+def create_memory(spec: MemorySpec, arch: str, p: MemoryParams, xp=np) -> Memory:
+    """The memory the flags ask for, for a model that declared `spec`, its arrays in `xp`."""
+    kv, _ = resolve_kinds(arch, spec, p)
+    kind = MEMORY_KINDS[kv]
+    if kind.holds_kv:
+        for il, layer in spec.of(AttnSpec).items():
+            check_cache_type(p.type_k, layer.k_width)
+            check_cache_type(p.type_v, layer.v_width)
+    check_fits(kind.nbytes(spec, p), p.n_ctx, xp)
+    return kind.build(spec, p, xp)
+
+
+# ---- the kinds ---------------------------------------------------------------------------
+
+def _attention_only(name: str):
+    def refuses(spec: MemorySpec, arch: str, p: MemoryParams) -> str | None:
+        if spec.of(RecurrentSpec):
+            return (f"--kv {name} caches attention keys and values; {arch} has recurrent layers "
+                    f"(use --kv {default_kind(spec)} or --kv none)")
+        if name == "iswa" and not spec.window_layers:
+            return f"--kv iswa needs sliding-window layers; {arch} has none"
+        if name == "split" and p.n_ctx // p.n_seq_max < 1:
+            return f"-c {p.n_ctx} cannot be split into {p.n_seq_max} sequences"
+        return None
+    return refuses
+
+
+def _kv_bytes(spec: MemorySpec, p: MemoryParams, n_cells: int, window_cells: int | None = None) -> int:
+    """Bytes of K/V rows: n_cells per layer, or window_cells for the windowed layers if given."""
+    total = 0
+    for il, layer in spec.of(AttnSpec).items():
+        cells = window_cells if window_cells is not None and layer.window > 0 else n_cells
+        total += cells * (row_bytes(p.type_k, layer.k_width) + row_bytes(p.type_v, layer.v_width))
+    return total
+
+
+def _window_cells(spec: MemorySpec, p: MemoryParams) -> int:
+    return p.n_ctx if p.swa_full else swa_cache_size(p.n_ctx, spec.window, p.n_seq_max, p.n_ubatch)
+
+
+def _window(spec: MemorySpec) -> dict:
+    return dict(n_swa=spec.window, swa_layers=spec.window_layers) if spec.window_layers else {}
+
+
+@memory_kind("unified", lambda spec, p: _kv_bytes(spec, p, p.n_ctx), _attention_only("unified"))
+def _unified(spec: MemorySpec, p: MemoryParams, xp) -> Memory:
+    return KVCache(spec.of(AttnSpec), p.n_ctx, p.n_seq_max, 1, p.type_k, p.type_v, kind="unified", xp=xp,
+                   **_window(spec))
+
+
+@memory_kind("split", lambda spec, p: _kv_bytes(spec, p, p.n_ctx), _attention_only("split"))
+def _split(spec: MemorySpec, p: MemoryParams, xp) -> Memory:
+    return KVCache(spec.of(AttnSpec), p.n_ctx // p.n_seq_max, p.n_seq_max, p.n_seq_max, p.type_k, p.type_v,
+                   kind="split", xp=xp, **_window(spec))
+
+
+@memory_kind("iswa", lambda spec, p: _kv_bytes(spec, p, p.n_ctx, _window_cells(spec, p)), _attention_only("iswa"))
+def _iswa(spec: MemorySpec, p: MemoryParams, xp) -> Memory:
+    return KVCacheISWA(spec.of(AttnSpec), set(spec.window_layers), p.n_ctx, spec.window, p.n_ubatch, p.n_seq_max,
+                       p.type_k, p.type_v, p.swa_full, xp=xp)
+
+
+def _recurrent_only(spec: MemorySpec, arch: str, p: MemoryParams) -> str | None:
+    if spec.of(AttnSpec):
+        return (f"--kv recurrent holds recurrent states; {arch} has attention layers "
+                f"(use --kv {default_kind(spec)})")
+    return None
+
+
+@memory_kind("recurrent", lambda spec, p: 4 * p.n_seq_max * sum(s.n_floats for s in spec.of(RecurrentSpec).values()),
+             _recurrent_only, holds_kv=False)
+def _recurrent(spec: MemorySpec, p: MemoryParams, xp) -> Memory:
+    return RecurrentMemory(spec.of(RecurrentSpec), p.n_seq_max, xp=xp)
+
+
+@memory_kind("none", lambda spec, p: 0, lambda spec, arch, p: None, holds_kv=False)
+def _none(spec: MemorySpec, p: MemoryParams, xp) -> Memory:
+    return NoKVMemory(p.n_seq_max, n_vocab=spec.n_vocab, recurrent=spec.of(RecurrentSpec), xp=xp, **_window(spec))
+
+
+KV_KINDS = ("auto", *MEMORY_KINDS)
 
 
 def check_fits(n_bytes: int, n_ctx: int, xp) -> None:

@@ -6,8 +6,9 @@ from __future__ import annotations
 from ..batch import BatchAllocator
 from ..errors import InvalidInputError
 from ..statefile import StateReader, StateWriter
-from .base import KeyShifter, LoadedState, Memory, MemoryContext, MemoryStatus
-from .kv_cache import KVCache, KVCacheContext, LayerShape
+from .base import BoundAttnView, LoadedState, Memory, MemoryContext, MemoryStatus
+from .kv_cache import KVCache, KVCacheContext
+from .spec import AttnSpec
 
 PAD = 256
 
@@ -21,7 +22,7 @@ def swa_cache_size(kv_size: int, n_swa: int, n_seq_max: int, n_ubatch: int) -> i
 class KVCacheISWA(Memory):
     kind = "iswa"
 
-    def __init__(self, layers: dict[int, LayerShape], swa_layers: set[int], kv_size: int, n_swa: int,
+    def __init__(self, layers: dict[int, AttnSpec], swa_layers: set[int], kv_size: int, n_swa: int,
                  n_ubatch: int, n_seq_max: int = 1, type_k: str = "f32", type_v: str = "f32",
                  swa_full: bool = False, xp=None):
         base_layers = {il: s for il, s in layers.items() if il not in swa_layers}
@@ -41,8 +42,8 @@ class KVCacheISWA(Memory):
             return ISWAContext(self, MemoryStatus.FAILED_PREPARE)
         return ISWAContext(self, MemoryStatus.SUCCESS, ubatches, base_slots, swa_slots)
 
-    def update(self, shift_keys: KeyShifter) -> bool:
-        return any([child.update(shift_keys) for child in self.children])
+    def update(self, backend) -> bool:
+        return any([child.update(backend) for child in self.children])
 
     def clear(self) -> None:
         for child in self.children:
@@ -117,5 +118,9 @@ class ISWAContext(MemoryContext):
         self.base.apply()
         self.swa.apply()
 
-    def layer(self, il: int) -> KVCacheContext:
-        return self.swa if il in self.memory.swa.layers else self.base
+    def rollback(self) -> None:
+        self.base.rollback()
+        self.swa.rollback()
+
+    def layer(self, il: int) -> BoundAttnView:
+        return (self.swa if il in self.memory.swa.layers else self.base).layer(il)

@@ -9,22 +9,14 @@ is windowed, cells that all future tokens mask out are reused (the window cache 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ..batch import POS_LIMIT, BatchAllocator, UBatch
 from ..errors import InvalidInputError
 from ..statefile import StateReader, StateWriter
-from .base import AttnGroup, KeyShifter, LoadedState, Memory, MemoryContext, MemoryStatus, open_range
+from .base import AttnGroup, BoundAttnView, LoadedState, Memory, MemoryContext, MemoryStatus, open_range
+from .spec import AttnSpec
 from .storage import KVStorage
-
-
-@dataclass(frozen=True)
-class LayerShape:
-    n_head_kv: int
-    head_dim_k: int
-    head_dim_v: int
 
 
 class KVCells:
@@ -82,7 +74,7 @@ class KVCells:
 
 
 class KVCache(Memory):
-    def __init__(self, layers: dict[int, LayerShape], kv_size: int, n_seq_max: int = 1, n_stream: int = 1,
+    def __init__(self, layers: dict[int, AttnSpec], kv_size: int, n_seq_max: int = 1, n_stream: int = 1,
                  type_k: str = "f32", type_v: str = "f32", n_swa: int = 0, swa_layers=frozenset(),
                  kind: str = "unified", xp=None):
         self.kind = kind
@@ -245,21 +237,28 @@ class KVCache(Memory):
             cells.shift[hit] += new_pos - cells.pos[hit]  # the rotation still owed to the keys
             cells.pos[hit] = new_pos
 
-    def update(self, shift_keys: KeyShifter) -> bool:
-        """The K-shift: rotate every cached key by its cell's accumulated position change."""
+    def update(self, backend) -> bool:
+        """The K-shift: rotate every cached key by its cell's accumulated position change, as its
+        layer's rope spec says (RoPE composes: R(p + d) = R(d) R(p)); layers without rope keep theirs."""
         done = False
         for st, cells in enumerate(self.cells):
             idxs = np.flatnonzero((cells.shift != 0) & (cells.pos >= 0))
             if len(idxs):
                 delta = cells.shift[idxs].astype(np.float32)
-                for il, shape in self.layers.items():
-                    store = self.k[il]
-                    keys = store.to_float(store.rows(st, idxs)).reshape(len(idxs), shape.n_head_kv, -1)
-                    rotated = shift_keys(il, keys, delta).reshape(len(idxs), -1)
-                    store.write(np.full(len(idxs), st), idxs, rotated)
+                for il, spec in self.layers.items():
+                    if spec.rope is not None:
+                        self._rotate(backend, st, idxs, self.k[il], spec, delta)
                 done = True
             cells.shift[:] = 0
         return done
+
+    @staticmethod
+    def _rotate(backend, st: int, idxs: np.ndarray, store: KVStorage, spec: AttnSpec, delta: np.ndarray) -> None:
+        rope = spec.rope
+        keys = store.to_float(store.rows(st, idxs)).reshape(len(idxs), spec.n_head_kv, -1)
+        table = backend.rope_cache(delta, rope.n_rot, rope.base, rope.freq_scale)
+        rotated = backend.rope(keys, table, neox=rope.neox).reshape(len(idxs), -1)
+        store.write(np.full(len(idxs), st), idxs, rotated)
 
     def seq_pos_min(self, seq: int) -> int:
         return self.cells[self.stream_of(seq)].seq_pos_min(seq)
@@ -400,13 +399,37 @@ class KVCacheContext(MemoryContext):
         super().__init__(status, ubatches)
         self.cache, self.slots = cache, slots or []
         self._groups: dict[bool, list] = {}
+        self._undo = None
 
     def apply(self) -> None:
+        self._undo = self._snapshot()
         self.cache.apply_ubatch(self.slots[self.index], self.ubatch)
         self._groups = {}
 
-    def layer(self, il: int) -> "KVCacheContext":
-        return self
+    def _snapshot(self):
+        """What apply() and the stores after it can change: the touched streams' cells and head,
+        and the rows of the cells the ubatch takes that held other tokens (a window cache reuses them)."""
+        streams, cells = self.slots[self.index]
+        touched = [int(st) for st in np.unique(streams)]
+        taken = [(st, cells[streams == st]) for st in touched]
+        evicted = [(st, idxs[self.cache.cells[st].pos[idxs] >= 0]) for st, idxs in taken]
+        rows = [(store, st, idxs, store.raw(st, idxs)) for st, idxs in evicted if len(idxs)
+                for store in (*self.cache.k.values(), *self.cache.v.values())]
+        return [(st, self.cache.cells[st].snapshot(), self.cache.heads[st]) for st in touched], rows
+
+    def rollback(self) -> None:
+        if self._undo is None:
+            return
+        streams, rows = self._undo
+        for st, snap, head in streams:
+            self.cache.cells[st].restore(snap)
+            self.cache.heads[st] = head
+        for store, st, idxs, raw in rows:
+            store.set_raw(st, idxs, raw)
+        self._undo, self._groups = None, {}
+
+    def layer(self, il: int) -> BoundAttnView:
+        return BoundAttnView(self, il)
 
     def store(self, il: int, k: np.ndarray, v: np.ndarray) -> None:
         """Write the ubatch's K/V rows (n_tokens, n_head_kv, head_dim) into its cells."""

@@ -11,15 +11,19 @@ import numpy as np
 
 from ..batch import POS_LIMIT, BatchAllocator, UBatch
 from ..statefile import StateReader, StateWriter
-from .base import AttnGroup, LoadedState, Memory, MemoryContext, MemoryStatus, open_range
+from .base import AttnGroup, BoundAttnView, LoadedState, Memory, MemoryContext, MemoryStatus, open_range
+from .recurrent import ScratchRecurrentView
+from .spec import RecurrentSpec
 
 
 class NoKVMemory(Memory):
     kind = "none"
 
-    def __init__(self, n_seq_max: int = 1, n_swa: int = 0, swa_layers=frozenset(), n_vocab: int = 1 << 31):
+    def __init__(self, n_seq_max: int = 1, n_swa: int = 0, swa_layers=frozenset(), n_vocab: int = 1 << 31,
+                 recurrent: dict[int, RecurrentSpec] | None = None, xp=np):
         self.n_seq_max, self.n_swa, self.swa_layers = n_seq_max, n_swa, frozenset(swa_layers)
         self.n_vocab = n_vocab
+        self.recurrent, self.xp = recurrent or {}, xp  # recurrent layers start from zero each ubatch
         self.clear()
 
     def init_batch(self, balloc: BatchAllocator, n_ubatch: int) -> "NoKVContext":
@@ -113,6 +117,7 @@ class NoKVContext(MemoryContext):
         self.expanded: UBatch | None = None
         self.kv: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._masks: dict[bool, np.ndarray] = {}
+        self._undo: list[tuple[int, int]] = []  # (sequence, history length before apply)
 
     @property
     def ubatch(self) -> UBatch:
@@ -126,6 +131,7 @@ class NoKVContext(MemoryContext):
         ub = self.ubatches[self.index]
         seqs = [int(s) for s in np.unique(ub.seq_id)]
         history = [self.memory.history(s) for s in seqs]
+        self._undo = [(s, len(t)) for s, (t, _) in zip(seqs, history)]
         n_hist = sum(len(t) for t, _ in history)
         self.expanded = UBatch(
             tokens=np.concatenate([t for t, _ in history] + [ub.tokens]).astype(np.int32),
@@ -139,8 +145,15 @@ class NoKVContext(MemoryContext):
             self.memory.append(s, ub.tokens[mine], ub.pos[mine])
         self.kv, self._masks = {}, {}
 
-    def layer(self, il: int) -> "NoKVContext":
-        return self
+    def rollback(self) -> None:
+        for s, n in self._undo:
+            self.memory._keep(s, np.arange(n))
+        self._undo, self.expanded = [], None
+
+    def layer(self, il: int):
+        if il in self.memory.recurrent:
+            return ScratchRecurrentView(self.memory.recurrent[il], self.expanded.seq_id, self.memory.xp)
+        return BoundAttnView(self, il)
 
     def store(self, il: int, k: np.ndarray, v: np.ndarray) -> None:
         self.kv[il] = (k, v)
@@ -155,3 +168,4 @@ class NoKVContext(MemoryContext):
             self._masks[windowed] = np.where(allowed, np.float32(0.0), np.float32(-np.inf))
         k, v = self.kv[il]
         return [AttnGroup(slice(None), k, v, self._masks[windowed], self.memory.n_swa if windowed else 0)]
+

@@ -14,7 +14,7 @@ from ..backend import get_backend
 from ..batch import POS_LIMIT
 from ..errors import ModelFileError, printable
 from ..gguf import GGUFFile
-from ..memory import Memory, MemoryParams, create_memory
+from ..memory import AttnSpec, Memory, MemoryParams, MemorySpec, RecurrentSpec, RopeSpec, create_memory
 from ..vocab import Vocab
 
 ProgressFn = Callable[[int, int], None]
@@ -167,20 +167,38 @@ class Model:
         """Run one ubatch; return the logits of its output rows, (n_outputs, n_vocab)."""
         raise NotImplementedError
 
+    def memory_spec(self) -> MemorySpec:
+        """The memory layout, one spec per layer: here every layer is attention as the decoder
+        hyper-parameters describe it; other architectures declare their own."""
+        hp = self.hparams
+        layers = {il: AttnSpec(hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, hp.n_swa if hp.is_swa(il) else 0,
+                               RopeSpec(hp.n_rot, hp.rope_base(il), hp.rope_freq_scale, hp.rope_neox))
+                  for il in range(hp.n_layer)}
+        return MemorySpec(layers, hp.n_vocab)
+
+    @property
+    def is_recurrent(self) -> bool:
+        return bool(self.memory_spec().of(RecurrentSpec))
+
     def create_memory(self, params: MemoryParams, xp=np) -> Memory:
-        """The memory the flags ask for; an architecture overrides this only if the default is wrong."""
-        return create_memory(self.hparams, self.arch, params, xp)
+        """The memory the flags ask for, built from `memory_spec()`."""
+        return create_memory(self.memory_spec(), self.arch, params, xp)
 
     # ---- weight loading helpers ----------------------------------------------------------
 
-    def weight(self, gguf: GGUFFile, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        """Tensor `name` in the backend's compute type, checking its NumPy shape."""
+    def weight(self, gguf: GGUFFile, name: str, shape: tuple[int, ...], matrix: bool = True) -> np.ndarray:
+        """Tensor `name` in the backend's compute type, checking its NumPy shape. A 2-D tensor
+        is a matmul weight (kept in its GGUF type where a kernel reads it) unless `matrix` is
+        False: then it is a parameter array in float32 (SSM conv taps, decays, group norms)."""
         info = gguf.tensor_info(name)
         if info.numpy_shape != tuple(shape):
             raise ModelFileError(f"{gguf.path}: tensor '{name}' has shape {list(info.numpy_shape)}, "
                                  f"but the hyper-parameters make it {list(shape)}")
-        out = self.backend.load_weight(gguf.raw(name), info.type, info.numpy_shape, name)
-        if len(shape) == 2:
+        if matrix:
+            out = self.backend.load_weight(gguf.raw(name), info.type, info.numpy_shape, name)
+        else:
+            out = self.backend.load_weight(gguf.raw(name), info.type, (info.n_elements,), name).reshape(shape)
+        if len(shape) == 2 and matrix:
             self.weight_types.add(info.type)
         self._loaded += info.n_bytes
         if self._progress:

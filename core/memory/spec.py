@@ -1,0 +1,73 @@
+"""What a model declares about its memory, one entry per layer (ARCHITECTURE §3.5): the factory
+builds a memory from these and the flags, and never reads a model's hyper-parameters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """How a layer's cached keys were rotated, so that the memory can shift them itself."""
+    n_rot: int
+    base: float
+    freq_scale: float = 1.0
+    neox: bool = False
+
+
+@dataclass(frozen=True)
+class AttnSpec:
+    """An attention layer: K/V rows of n_head_kv heads; window > 0 for a sliding-window layer;
+    rope None when the keys carry no position rotation (nothing to shift)."""
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    window: int = 0
+    rope: RopeSpec | None = None
+
+    @property
+    def k_width(self) -> int:
+        return self.n_head_kv * self.head_dim_k
+
+    @property
+    def v_width(self) -> int:
+        return self.n_head_kv * self.head_dim_v
+
+
+@dataclass(frozen=True)
+class RecurrentSpec:
+    """A recurrent layer: per sequence, the conv state (the last d_conv - 1 inputs of its
+    channels) and the SSM state, both float32."""
+    conv_shape: tuple[int, int]  # (d_conv - 1, channels)
+    ssm_shape: tuple[int, ...]  # (heads, head_dim, d_state)
+
+    @property
+    def n_floats(self) -> int:
+        n_conv = self.conv_shape[0] * self.conv_shape[1]
+        n_ssm = 1
+        for dim in self.ssm_shape:
+            n_ssm *= dim
+        return n_conv + n_ssm
+
+
+LayerSpec = AttnSpec | RecurrentSpec
+
+
+@dataclass(frozen=True)
+class MemorySpec:
+    """A model's memory layout: one spec per layer, and the vocabulary size (token histories are
+    validated against it)."""
+    layers: dict[int, LayerSpec] = field(default_factory=dict)
+    n_vocab: int = 1 << 31
+
+    def of(self, kind: type) -> dict[int, LayerSpec]:
+        return {il: s for il, s in self.layers.items() if isinstance(s, kind)}
+
+    @property
+    def window(self) -> int:
+        """The sliding window of the windowed layers (0: none)."""
+        return max((s.window for s in self.of(AttnSpec).values()), default=0)
+
+    @property
+    def window_layers(self) -> frozenset[int]:
+        return frozenset(il for il, s in self.of(AttnSpec).items() if s.window > 0)
