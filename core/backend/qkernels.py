@@ -202,25 +202,6 @@ def _q3_k(row, b, out, o):
 
 
 @njit(inline="always")
-def _f32(row, b, out, o):
-    src = row.view(np.float32)
-    for j in range(RUN):
-        out[o + j] = src[b * RUN + j]
-
-
-@njit(inline="always")
-def _f16(row, b, out, o):
-    _f16_values(row.view(np.uint16), b * RUN, RUN, out, o)
-
-
-@njit(inline="always")
-def _bf16(row, b, out, o):
-    src, bits = row.view(np.uint16), out.view(np.int32)
-    for j in range(RUN):
-        bits[o + j] = np.int32(src[b * RUN + j]) << 16
-
-
-@njit(inline="always")
 def _f16_values(src, start, n, out, o):
     """n halves src[start:start + n] (uint16 bits) as float32 into out[o:o + n]: a half's sign,
     exponent and mantissa placed in a float's bits and rescaled by 2**112, exact for every finite
@@ -374,38 +355,25 @@ def _matvec_decoded(w, x, out, decoder, run):
 
 
 @njit(inline="always")
-def _add_float_tail(w, x, out, tail_values):
-    """Float rows are decoded RUN values at a time; a row length that RUN does not divide (SSM
-    projections of rank 4, say) leaves a tail, added here."""
-    n_in = x.shape[1]
-    start = n_in - n_in % RUN
-    if start == n_in:
-        return
-    vals = np.empty(RUN, dtype=np.float32)
-    for r in range(w.shape[0]):
-        tail_values(w[r], start, n_in - start, vals)
-        for i in range(x.shape[0]):
-            acc = np.float32(0)
-            for j in range(n_in - start):
-                acc += vals[j] * x[i, start + j]
-            out[i, r] += acc
-
-
-@njit(inline="always")
-def _f32_tail(row, start, n, out):
-    out[:n] = row.view(np.float32)[start:start + n]
-
-
-@njit(inline="always")
-def _f16_tail(row, start, n, out):
-    _f16_values(row.view(np.uint16), start, n, out, 0)
-
-
-@njit(inline="always")
-def _bf16_tail(row, start, n, out):
-    src, bits = row.view(np.uint16), out.view(np.int32)
-    for j in range(n):
-        bits[j] = np.int32(src[start + j]) << 16
+def _matvec_floats(w, x, out, convert):
+    """Float rows: each row converted whole into a buffer (one view per row, any length), then
+    dotted with every activation row in RUN lanes and a tail."""
+    n_out, n_in = w.shape[0], x.shape[1]
+    n_full = n_in - n_in % RUN
+    for c in prange((n_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        values = np.empty(n_in, dtype=np.float32)
+        lanes = np.empty(RUN, dtype=np.float32)
+        for r in range(c * ROWS_PER_TASK, min((c + 1) * ROWS_PER_TASK, n_out)):
+            convert(w[r], values)
+            for i in range(x.shape[0]):
+                lanes[:] = 0.0
+                for b in range(0, n_full, RUN):
+                    for j in range(RUN):
+                        lanes[j] += values[b + j] * x[i, b + j]
+                total = lanes.sum()
+                for j in range(n_full, n_in):
+                    total += values[j] * x[i, j]
+                out[i, r] = total
 
 
 @njit(inline="always")
@@ -443,8 +411,7 @@ def _row_bf16(row, out):
 
 @njit(parallel=True, cache=True, fastmath=_FAST)
 def matvec_f32(w, x, out):
-    _matvec_decoded(w, x, out, _f32, RUN)
-    _add_float_tail(w, x, out, _f32_tail)
+    _matvec_floats(w, x, out, _row_f32)
 
 
 @njit(cache=True)
@@ -454,8 +421,7 @@ def dequant_f32(w, rows, out):
 
 @njit(parallel=True, cache=True, fastmath=_FAST)
 def matvec_f16(w, x, out):
-    _matvec_decoded(w, x, out, _f16, RUN)
-    _add_float_tail(w, x, out, _f16_tail)
+    _matvec_floats(w, x, out, _row_f16)
 
 
 @njit(cache=True)
@@ -465,8 +431,7 @@ def dequant_f16(w, rows, out):
 
 @njit(parallel=True, cache=True, fastmath=_FAST)
 def matvec_bf16(w, x, out):
-    _matvec_decoded(w, x, out, _bf16, RUN)
-    _add_float_tail(w, x, out, _bf16_tail)
+    _matvec_floats(w, x, out, _row_bf16)
 
 
 @njit(cache=True)
