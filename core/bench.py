@@ -104,7 +104,8 @@ class Instance:
     def context_params(self) -> ContextParams:
         return ContextParams(n_ctx=self.test.n_prompt + self.test.n_gen + self.test.n_depth, n_batch=self.n_batch,
                              n_ubatch=min(self.n_ubatch, self.n_batch), kv=self.kv, attn=self.attn,
-                             backend=self.backend, type_k=self.type_k, type_v=self.type_v)
+                             backend=self.backend, type_k=self.type_k, type_v=self.type_v,
+                             cache_types_given=(self.type_k, self.type_v) != (default_cache_type(self.backend),) * 2)
 
 
 def instances(models: list[str], tests: list[Test], axes: dict[str, list]) -> list[Instance]:

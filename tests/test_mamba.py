@@ -288,3 +288,12 @@ def test_perplexity_and_kl_divergence(arch, numerics, tmp_path):
     assert plan.n_seq > 1 and abs(result.ppl / expected - 1) < 1e-3, (result.ppl, expected)
     same = kl_divergence(ctx, read_kl_base(tmp_path / "base.kld"), plan)
     assert same.n_same_top == same.count and abs(same.sum_kld / same.count) < 0.5 * 16 / 65535
+
+
+def test_bench_refuses_a_cache_type_for_recurrent_states_but_not_the_default():
+    from llmsuite.core.bench import Instance, parse_spec
+
+    path = str(TINY_SSM["mamba"])
+    Context(tiny_ssm("mamba"), Instance(path, parse_spec("tg4")).context_params())
+    with pytest.raises(InvalidInputError, match="recurrent states are float32"):
+        Context(tiny_ssm("mamba"), Instance(path, parse_spec("tg4"), type_k="q8_0").context_params())

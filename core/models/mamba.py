@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..batch import POS_LIMIT
 from ..errors import ModelFileError
 from ..gguf import GGUFFile
 from ..memory import MemorySpec, RecurrentSpec
 from .base import MAX_EMBD, MAX_LAYERS, MAX_VOCAB, Model, count_blocks
-from ..batch import POS_LIMIT
 from .registry import register
 
 MAX_SSM_DIM = 1 << 16
