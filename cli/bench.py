@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Optional
@@ -19,16 +20,19 @@ from llmsuite.core.backend import get_backend
 from llmsuite.core.context import ATTN_PATHS
 from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.memory import CACHE_TYPES, KV_KINDS
+from llmsuite.core.memory.masks import SparseParams
 from llmsuite.core.models import load_model
 
+from . import options as opt
 from .common import err_console, resolve
 
 ListOpt = Optional[list[str]]
 FIELDS = ["build_commit", "build_number", "cpu_info", "gpu_info", "backends", "model_filename", "model_type",
           "model_size", "model_n_params", "n_batch", "n_ubatch", "n_threads", "type_k", "type_v", "kv", "attn",
-          "n_prompt", "n_gen", "n_depth", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts"]
+          "sparse_topk", "n_prompt", "n_gen", "n_depth", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts"]
 DISPLAY = {"n_batch": ("n_batch", 7), "n_ubatch": ("n_ubatch", 8), "type_k": ("type_k", 6), "type_v": ("type_v", 6),
-           "kv": ("kv", -8), "attn": ("attn", -6), "backend": ("backend", -10)}
+           "kv": ("kv", -8), "attn": ("attn", -6), "backend": ("backend", -10),
+           "sparse_topk": ("sparse_topk", 11)}
 
 
 def bench(
@@ -46,6 +50,10 @@ def bench(
     kv: Annotated[ListOpt, typer.Option("--kv", help=f"memory classes: {','.join(KV_KINDS)}")] = None,
     attn: Annotated[ListOpt, typer.Option("--attn", help=f"attention paths: {','.join(ATTN_PATHS)}")] = None,
     backend: Annotated[ListOpt, typer.Option("--backend", help="backends: cpu,cuda")] = None,
+    sparse_topk: Annotated[ListOpt, typer.Option("--sparse-topk", help="block top-k sizes K (0: dense), e.g. 0,1024")] = None,
+    sparse_block: opt.SparseBlock = 64,
+    sparse_local: opt.SparseLocal = 64,
+    sparse_layers: opt.SparseLayers = "2-",
     no_warmup: Annotated[bool, typer.Option("--no-warmup")] = False,
     output: Annotated[str, typer.Option("-o", "--output", help="md, csv, json or jsonl")] = "md",
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="progress on stderr")] = True,
@@ -57,9 +65,13 @@ def bench(
         raise InvalidInputError("-r must be at least 1")
     tests = _tests(specs, n_prompt, n_gen, pg, depth)
     axes = _axes(batch, ubatch, cache_type_k, cache_type_v, kv, attn, backend)
+    axes["sparse_topk"] = _ints(sparse_topk, "--sparse-topk")
+    sparse = SparseParams(0, sparse_block, sparse_local, sparse_layers)
+    for k in axes["sparse_topk"] or [0]:
+        replace(sparse, topk=k).validate()
     models = [m for value in (model or ["smollm2-135m"]) for m in core.parse_str_list(value)]
     paths = {m: resolve(m) for m in models}
-    runs = core.instances(models, tests, axes)
+    runs = core.instances(models, tests, axes, sparse=sparse)
     results, notes = _run_all(runs, paths, repetitions, not no_warmup, progress)
     if not results:  # one sentence: why the first run could not start
         raise InvalidInputError(notes[0].removeprefix("skipped: ") if notes else "nothing to run")
@@ -120,7 +132,7 @@ def _axes(batch, ubatch, ctk, ctv, kv, attn, backend) -> dict[str, list]:
 
 def _run_all(runs, paths, repetitions, warmup, show_progress):
     load = lru_cache(maxsize=1)(lambda name, backend: load_model(paths[name], backend=backend))  # reload on change
-    results, notes = [], []
+    results, notes, warned = [], [], set()
     enabled = show_progress and err_console.is_terminal
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=err_console, transient=True, disable=not enabled) as bar:
@@ -128,7 +140,8 @@ def _run_all(runs, paths, repetitions, warmup, show_progress):
         for i, inst in enumerate(runs, 1):
             label = f"bench {i}/{len(runs)}: {inst.test.name}"
             runner = core.Runner(lambda name, b=inst.backend: load(name, b), repetitions, warmup,
-                                 on_event=lambda event: bar.update(task, description=f"{label} {event}"))
+                                 on_event=lambda event: bar.update(task, description=f"{label} {event}"),
+                                 on_warning=lambda message: _warn_once(message, warned))
             try:
                 get_backend(inst.backend)
                 results.append(runner.run(inst))
@@ -136,6 +149,12 @@ def _run_all(runs, paths, repetitions, warmup, show_progress):
                 notes.append(f"skipped: {_describe(inst)}: {e}")
             bar.advance(task)
     return results, notes
+
+
+def _warn_once(message: str, warned: set) -> None:
+    if message not in warned:
+        warned.add(message)
+        err_console.print(f"warning: {message}", markup=False)
 
 
 def _describe(inst: core.Instance) -> str:
@@ -162,6 +181,7 @@ def _fields(r: core.Result, paths) -> dict:
                 model_filename=str(paths[inst.model]), model_type=model["desc"], model_size=model["size"],
                 model_n_params=model["n_params"], n_batch=inst.n_batch, n_ubatch=inst.n_ubatch,
                 n_threads=core.blas_threads(), type_k=inst.type_k, type_v=inst.type_v, kv=inst.kv, attn=inst.attn,
+                sparse_topk=inst.sparse_topk,
                 n_prompt=inst.test.n_prompt, n_gen=inst.test.n_gen, n_depth=inst.test.n_depth,
                 test_time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), avg_ns=r.avg_ns,
                 stddev_ns=r.stddev_ns, avg_ts=round(r.avg_ts, 6), stddev_ts=round(r.stddev_ts, 6),
@@ -207,7 +227,7 @@ def _model_cells(row: dict) -> list[str]:
 
 
 def _plain(results, rows, varying) -> str:
-    shown = [a for a in ("n_batch", "n_ubatch", "type_k", "type_v", "kv", "attn") if a in varying or
+    shown = [a for a in ("n_batch", "n_ubatch", "type_k", "type_v", "kv", "attn", "sparse_topk") if a in varying or
              any(getattr(r.instance, a) != getattr(core.Instance, a) for r in results)]
     columns = [("model", -30), ("size", 10), ("params", 10), ("backend", -10), ("threads", 7)]
     columns += [DISPLAY[a] for a in shown] + [("test", 15), ("t/s", 20)]

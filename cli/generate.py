@@ -11,12 +11,14 @@ import typer
 
 from llmsuite.core.chat import chat_prompt
 from llmsuite.core.context import Context
+from llmsuite.core.graph import AttnStats
+from llmsuite.core.memory.masks import SparseParams
 from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.generation import check_prompt, generate as run_generation
 from llmsuite.core.sampling import DEFAULT_SEED, Sampler, SamplerParams
 
 from . import options as opt
-from .common import err_console, log, open_model, read_text_file
+from .common import err_console, log, open_model, read_text_file, settings
 
 
 def generate(
@@ -36,6 +38,10 @@ def generate(
     backend: opt.Backend = "cpu",
     attn: opt.Attn = "auto",
     numerics: opt.Numerics = "f32",
+    sparse_topk: opt.SparseTopk = 0,
+    sparse_block: opt.SparseBlock = 64,
+    sparse_local: opt.SparseLocal = 64,
+    sparse_layers: opt.SparseLayers = "2-",
     seed: Annotated[int, typer.Option("-s", "--seed", help="sampling seed (default: random)")] = DEFAULT_SEED,
     temp: Annotated[float, typer.Option("--temp", help="temperature (0: greedy)")] = 0.8,
     top_k: Annotated[int, typer.Option("--top-k")] = 40,
@@ -54,9 +60,12 @@ def generate(
     if system is not None and not chat:
         raise InvalidInputError("--system only applies with --chat")
     params = opt.context_params(ctx_size, batch_size, ubatch_size, parallel, kv, ctx_kind, swa_full,
-                                cache_type_k, cache_type_v, backend, attn, numerics)
+                                cache_type_k, cache_type_v, backend, attn, numerics,
+                                SparseParams(sparse_topk, sparse_block, sparse_local, sparse_layers))
     lm, t_load = open_model(model, backend)
     ctx = Context(lm, params)
+    if settings["verbose"]:
+        ctx.attn_stats = AttnStats()
     if chat:
         text = chat_prompt(lm, text, system)
     tokens = lm.vocab.tokenize(text, add_special=True, parse_special=True)
@@ -78,6 +87,7 @@ def generate(
     if any(r.stop == "context" for r in results):
         err_console.print("context full and context shift is disabled => stopping")
     print_perf(ctx, t_load, sum(r.t_sample for r in results), sum(len(r.tokens) for r in results))
+    print_attn_stats(ctx)
 
 
 def _stream_one(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache):
@@ -113,6 +123,12 @@ def _check_sampling(temp: float, repeat_penalty: float, n_predict: int) -> None:
         raise InvalidInputError("--repeat-penalty must be a positive number")
     if n_predict < -1:
         raise InvalidInputError("-n must be -1 (until end of generation) or a token count")
+
+
+def print_attn_stats(ctx: Context) -> None:
+    """Under -v: per layer, the mask that ran, the kernel path, the kept share and the time."""
+    if ctx.attn_stats is not None and ctx.attn_stats.layers:
+        err_console.print("attention per layer:\n" + "\n".join(ctx.attn_stats.lines()), markup=False)
 
 
 def print_perf(ctx: Context, t_load: float, t_sample: float, n_sampled: int) -> None:

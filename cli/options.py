@@ -9,6 +9,7 @@ import typer
 from llmsuite.core.backend import default_cache_type, get_backend
 from llmsuite.core.context import ContextParams
 from llmsuite.core.memory import CACHE_TYPES, CTX_KINDS, KV_KINDS
+from llmsuite.core.memory.masks import SparseParams
 
 Model = Annotated[Optional[str], typer.Option("-m", "--model", help="GGUF path or known model name")]
 CtxSize = Annotated[int, typer.Option("-c", "--ctx-size", help="context size (0: the model's)")]
@@ -23,18 +24,23 @@ CacheTypeK = Annotated[Optional[str], typer.Option("-ctk", "--cache-type-k", hel
 CacheTypeV = Annotated[Optional[str], typer.Option("-ctv", "--cache-type-v", help=f"V cache type: {_CACHE_HELP}")]
 Backend = Annotated[str, typer.Option("--backend", help="compute backend: cpu (cuda with CuPy)")]
 Attn = Annotated[str, typer.Option("--attn", help="attention where masks are sparse: auto|dense|sparse")]
+SparseTopk = Annotated[int, typer.Option("--sparse-topk", help="block top-k: keep each query's best blocks up to K cells (0: dense)")]
+SparseBlock = Annotated[int, typer.Option("--sparse-block", help="cells per block of --sparse-topk (a power of two)")]
+SparseLocal = Annotated[int, typer.Option("--sparse-local", help="last positions --sparse-topk always keeps (<= K)")]
+SparseLayers = Annotated[str, typer.Option("--sparse-layers", help="layers that select: '2-' (default), 'all', '0,4-9'")]
 Numerics = Annotated[str, typer.Option("--numerics", help="f32 | ggml (matmul activations rounded as ggml-cpu does)")]
 
 
 def context_params(ctx_size: int, batch_size: int, ubatch_size: int, parallel: int, kv: str, ctx: str,
                    swa_full: bool, cache_type_k: str | None, cache_type_v: str | None, backend: str = "cpu",
-                   attn: str = "auto", numerics: str = "f32") -> ContextParams:
+                   attn: str = "auto", numerics: str = "f32", sparse: SparseParams | None = None) -> ContextParams:
     """The flags as ContextParams (-ctk/-ctv None: not given), checked before any model is loaded."""
     given = cache_type_k is not None or cache_type_v is not None
     cache_type_k, cache_type_v = cache_types(backend, cache_type_k, cache_type_v)
     params = ContextParams(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size, n_seq_max=parallel,
                            type_k=cache_type_k, type_v=cache_type_v, swa_full=swa_full, kv=kv, ctx=ctx,
-                           backend=backend, attn=attn, numerics=numerics, cache_types_given=given)
+                           backend=backend, attn=attn, numerics=numerics, cache_types_given=given,
+                           sparse=sparse or SparseParams())
     params.validate()
     get_backend(backend, numerics=numerics)  # an unavailable backend is refused before the model loads
     return params

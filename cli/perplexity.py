@@ -14,12 +14,15 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from llmsuite.core.context import Context
+from llmsuite.core.graph import AttnStats
+from llmsuite.core.memory.masks import SparseParams
 from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.perplexity import (ChunkPlan, KLStats, kl_divergence, median, percentile, perplexity as run_ppl,
                                       plan_chunks, read_kl_base, vocab_fingerprint)
 
 from . import options as opt
-from .common import err_console, log, open_model, read_text_file
+from .common import err_console, log, open_model, read_text_file, settings as cli_settings
+from .generate import print_attn_stats
 
 DEFAULT_CTX = 512
 
@@ -39,6 +42,10 @@ def perplexity(
     backend: opt.Backend = "cpu",
     attn: opt.Attn = "auto",
     numerics: opt.Numerics = "f32",
+    sparse_topk: opt.SparseTopk = 0,
+    sparse_block: opt.SparseBlock = 64,
+    sparse_local: opt.SparseLocal = 64,
+    sparse_layers: opt.SparseLayers = "2-",
     kl_base: Annotated[Optional[Path], typer.Option("--kl-divergence-base", help="file of base log-probabilities")] = None,
     kl: Annotated[bool, typer.Option("--kl-divergence", help="compare with --kl-divergence-base")] = False,
     output: Annotated[str, typer.Option("-o", "--output", help="text or json")] = "text",
@@ -64,9 +71,10 @@ def perplexity(
     if text is not None and not text.strip():
         raise InvalidInputError(f"{file} is empty")
     given_k, given_v = cache_type_k, cache_type_v
+    sparse = SparseParams(sparse_topk, sparse_block, sparse_local, sparse_layers)
     cache_type_k, cache_type_v = opt.cache_types(backend, cache_type_k, cache_type_v)
     opt.context_params(ctx_size, batch_size, min(ubatch_size, batch_size), 1, kv, ctx_kind, swa_full,
-                       given_k, given_v, backend, attn, numerics)
+                       given_k, given_v, backend, attn, numerics, sparse)
     lm, _ = open_model(model, backend)
     if base is not None:
         if base.n_vocab != lm.hparams.n_vocab or base.vocab_fp != vocab_fingerprint(lm.vocab):
@@ -85,17 +93,21 @@ def perplexity(
     _check_memory(plan, lm.hparams.n_vocab)
     ctx = Context(lm, opt.context_params(plan.n_seq * plan.n_ctx, plan.n_batch, min(ubatch_size, plan.n_batch),
                                          plan.n_seq, kv, ctx_kind, swa_full, given_k, given_v, backend,
-                                         attn, numerics))
+                                         attn, numerics, sparse))
+    if cli_settings["verbose"]:
+        ctx.attn_stats = AttnStats()
     log(f"perplexity: calculating perplexity over {plan.n_chunk} chunks, n_ctx={plan.n_ctx}, "
         f"batch_size={plan.n_batch}, n_seq={plan.n_seq}")
     settings = dict(model=lm.name, file=str(file) if file else None, n_ctx=plan.n_ctx, n_chunk=plan.n_chunk,
                     n_batch=plan.n_batch, n_ubatch=ctx.params.n_ubatch, n_seq=plan.n_seq, kv=ctx.memory.kind,
-                    type_k=cache_type_k, type_v=cache_type_v, backend=backend, attn=attn)
+                    type_k=cache_type_k, type_v=cache_type_v, backend=backend, attn=attn,
+                    sparse_topk=sparse_topk)
     with _progress(progress, plan) as bar:
         if base is not None:
             _run_kl(ctx, base, plan, output, bar, settings)
         else:
             _run_ppl(ctx, tokens, plan, output, bar, settings, kl_base)
+    print_attn_stats(ctx)
 
 
 def _check_memory(plan: ChunkPlan, n_vocab: int) -> None:

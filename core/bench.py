@@ -8,7 +8,7 @@ import os
 import platform
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import product
 from typing import Callable
 
@@ -18,6 +18,7 @@ from .backend import default_cache_type
 from .batch import Batch
 from .context import Context, ContextParams, DecodeStatus
 from .errors import InvalidInputError, LLMError
+from .memory.masks import SparseParams
 from .models import Model
 
 SPEC = re.compile(r"^(?:pp(?P<pp>\d+)(?:\+tg(?P<pg>\d+))?|tg(?P<tg>\d+))(?:@d(?P<d>\d+))?$")
@@ -81,7 +82,7 @@ def parse_str_list(value: str) -> list[str]:
 
 # ---- instances ------------------------------------------------------------------------------
 
-AXES = ("backend", "kv", "attn", "n_batch", "n_ubatch", "type_k", "type_v")  # outer to inner, before the test
+AXES = ("backend", "kv", "attn", "sparse_topk", "n_batch", "n_ubatch", "type_k", "type_v")  # outer to inner, before the test
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,8 @@ class Instance:
     n_ubatch: int = 512
     type_k: str = ""  # "": the backend's default cache type
     type_v: str = ""
+    sparse_topk: int = 0
+    sparse: SparseParams = SparseParams()  # block, local and layers of --sparse-topk
 
     def __post_init__(self):
         for name in ("type_k", "type_v"):
@@ -105,13 +108,15 @@ class Instance:
         return ContextParams(n_ctx=self.test.n_prompt + self.test.n_gen + self.test.n_depth, n_batch=self.n_batch,
                              n_ubatch=min(self.n_ubatch, self.n_batch), kv=self.kv, attn=self.attn,
                              backend=self.backend, type_k=self.type_k, type_v=self.type_v,
-                             cache_types_given=(self.type_k, self.type_v) != (default_cache_type(self.backend),) * 2)
+                             cache_types_given=(self.type_k, self.type_v) != (default_cache_type(self.backend),) * 2,
+                             sparse=replace(self.sparse, topk=self.sparse_topk))
 
 
-def instances(models: list[str], tests: list[Test], axes: dict[str, list]) -> list[Instance]:
-    """llama-bench's loop order: model, then each axis, the tests innermost."""
+def instances(models: list[str], tests: list[Test], axes: dict[str, list], **fixed) -> list[Instance]:
+    """llama-bench's loop order: model, then each axis, the tests innermost; `fixed` sets the rest."""
     values = [axes.get(name) or [getattr(Instance, name)] for name in AXES]
-    return [Instance(m, t, **dict(zip(AXES, combo))) for m in models for combo in product(*values) for t in tests]
+    return [Instance(m, t, **dict(zip(AXES, combo)), **fixed) for m in models for combo in product(*values)
+            for t in tests]
 
 
 def varying_axes(runs: list[Instance]) -> list[str]:
@@ -157,9 +162,11 @@ class Runner:
     """Runs instances on loaded models, keeping llama-bench's depth-state cache between them."""
 
     def __init__(self, load: Callable[[str], Model], repetitions: int = 5, warmup: bool = True,
-                 on_event: Callable[[str], None] | None = None, seed: int = 0):
+                 on_event: Callable[[str], None] | None = None, seed: int = 0,
+                 on_warning: Callable[[str], None] | None = None):
         self.load, self.repetitions, self.warmup = load, repetitions, warmup
         self.on_event = on_event or (lambda message: None)
+        self.on_warning = on_warning or (lambda message: None)
         self.rng = np.random.default_rng(seed)
         self._depth_states: dict[tuple, bytes] = {}
 
@@ -167,9 +174,9 @@ class Runner:
         model = self.load(inst.model)
         test = inst.test
         needed = test.n_prompt + test.n_gen + test.n_depth
-        if needed > model.hparams.n_ctx_train:
-            raise InvalidInputError(f"{test.name} needs {needed} positions, more than the "
-                                    f"{model.hparams.n_ctx_train} of {model.name}")
+        if needed > model.hparams.n_ctx_train:  # llama-bench runs it too, and llama.cpp warns
+            self.on_warning(f"{test.name} needs {needed} positions, more than the {model.hparams.n_ctx_train} "
+                            f"{model.name} was trained on (possible training context overflow)")
         ctx = Context(model, inst.context_params())
         result = Result(inst)
         if self.warmup:

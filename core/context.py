@@ -13,7 +13,7 @@ import numpy as np
 from .backend import NUMERICS, get_backend
 from .batch import Batch, BatchAllocator
 from .errors import InvalidInputError, excerpt
-from .graph import Graph
+from .graph import AttnStats, Graph
 from .memory import MemoryParams, MemoryStatus
 from .models.base import Model
 from .statefile import StateFileError, StateReader, StateWriter
@@ -41,7 +41,6 @@ class ContextParams(MemoryParams):
     """What a context is built with: the memory's parameters plus batching and the backend."""
     n_batch: int = 2048
     backend: str = "cpu"
-    attn: str = "auto"  # attention path where a sparse bound exists: auto, dense or sparse
     numerics: str = "f32"  # "ggml": matmul activations rounded as ggml-cpu does (closer to llama.cpp)
 
     def validate(self) -> None:
@@ -99,6 +98,7 @@ class Context:
         self.perf = PerfCounters()
         self.last_error = ""
         self.observer = observer  # observer(name, ubatch, tensor) sees named intermediates
+        self.attn_stats: AttnStats | None = None  # set one to count and time attention per layer (-v)
 
     @property
     def n_ctx(self) -> int:
@@ -134,7 +134,8 @@ class Context:
                 rows = out_pos[ub.batch_idx[ub.output]]
                 contiguous = len(rows) > 0 and bool(np.all(np.diff(rows) == 1))
                 target = logits[rows[0]:rows[-1] + 1] if contiguous else None
-                out = self.model.forward(Graph(self.model, mctx, self.backend, self.observer, target))
+                out = self.model.forward(Graph(self.model, mctx, self.backend, self.observer, target,
+                                                stats=self.attn_stats))
                 if not contiguous:
                     logits[self.backend.asarray(rows)] = out
             except KeyboardInterrupt:

@@ -4,11 +4,13 @@ op goes through the backend."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 
 class Graph:
-    def __init__(self, model, mctx, backend, observer=None, logits_out: np.ndarray | None = None):
+    def __init__(self, model, mctx, backend, observer=None, logits_out: np.ndarray | None = None, stats=None):
         self.hp = model.hparams
         self.observer = observer
         self.logits_out = logits_out  # where the output rows' logits go, if the caller has a buffer
@@ -18,6 +20,8 @@ class Graph:
         self.n_tokens = self.ub.n_tokens
         self.out_rows = np.flatnonzero(self.ub.output)
         self._rope_tables: dict[tuple[float, float], object] = {}
+        self._masks: dict[tuple[int, int], tuple] = {}
+        self.stats = stats  # an AttnStats, to time and count attention per layer (-v)
 
     def cb(self, name: str, il: int, x: np.ndarray) -> np.ndarray:
         """Show a named intermediate tensor to the observer, if any (llama.cpp's cb_eval)."""
@@ -45,18 +49,37 @@ class Graph:
         return self.ops.rope(x, self._rope_tables[key], neox=self.hp.rope_neox)
 
     def attn(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
-        """Store this ubatch's K/V for layer il, attend over the memory; returns (n_tokens, n_head*d_v)."""
+        """Store this ubatch's K/V for layer il, attend over the memory with the mask the layer's
+        producer makes; returns (n_tokens, n_head*d_v)."""
         view = self.mctx.layer(il)
         view.store(k, v)
         groups = view.groups()
         if len(groups) == 1:
-            g = groups[0]
-            return self.ops.flash_attn_ext(q, g.keys, g.values, g.mask, scale, n_kv_max=g.n_kv_max).reshape(len(q), -1)
+            return self._attend(il, q, groups[0], scale).reshape(len(q), -1)
         out = self.ops.xp.empty((len(q), q.shape[1], v.shape[2]), dtype=np.float32)
         for g in groups:  # one per cache stream
             rows = g.rows if isinstance(g.rows, slice) else self.ops.asarray(g.rows)
-            out[rows] = self.ops.flash_attn_ext(q[rows], g.keys, g.values, g.mask, scale, n_kv_max=g.n_kv_max)
+            out[rows] = self._attend(il, q[rows], g, scale)
         return out.reshape(len(q), -1)
+
+    def _attend(self, il: int, q, group, scale: float):
+        t0 = time.perf_counter() if self.stats is not None else 0.0
+        mask, n_kv_max = self._mask(il, q, group)
+        out = self.ops.flash_attn_ext(q, group.keys, group.values, mask, scale, n_kv_max=n_kv_max)
+        if self.stats is not None:
+            self.ops.synchronize()
+            self.stats.add(il, group, mask, time.perf_counter() - t0, self.ops, n_kv_max)
+        return out
+
+    def _mask(self, il: int, q, group):
+        """The producer's mask; one that ignores the queries is made once per ubatch and group."""
+        if group.producer.uses_queries:
+            return group.produce_mask(il, q, self.ops.xp)
+        key = (id(group.producer), id(group.mask))
+        if key not in self._masks:
+            # holding the producer and the base keeps their ids from being reused while the key lives
+            self._masks[key] = (group.producer, group.mask, group.produce_mask(il, q, self.ops.xp))
+        return self._masks[key][2]
 
     def rs(self, il: int):
         """Layer il's recurrent states for this ubatch (a RecurrentView: read, write, seq_index)."""
@@ -74,3 +97,31 @@ class Graph:
 
     def logits(self, x: np.ndarray, norm_weight: np.ndarray, head: np.ndarray) -> np.ndarray:
         return self.ops.matmul(self.cb("result_norm", -1, self.norm(x, norm_weight)), head, out=self.logits_out)
+
+
+class AttnStats:
+    """Per layer: which mask producer ran and which kernel path, the share of visible cells the
+    masks kept, and the seconds spent making masks and attending (what -v prints)."""
+
+    def __init__(self):
+        self.layers: dict[int, dict] = {}
+
+    def add(self, il: int, group, mask, seconds: float, backend, n_kv_max: int) -> None:
+        xp = backend.xp
+        row = self.layers.setdefault(il, {"masks": set(), "paths": set(), "kept": 0, "visible": 0,
+                                          "seconds": 0.0, "calls": 0})
+        selected = n_kv_max > 0 or group.producer.kind == "dense"
+        row["masks"].add(group.producer.kind if selected else "dense(auto)")
+        row["visible"] += int(xp.isfinite(group.mask).sum())
+        row["kept"] += int(xp.isfinite(mask).sum())
+        row["seconds"] += seconds
+        row["calls"] += 1
+        row["paths"].add(getattr(backend, "last_attn_path", "dense"))
+
+    def lines(self) -> list[str]:
+        out = []
+        for il, r in sorted(self.layers.items()):
+            kept = r["kept"] / r["visible"] if r["visible"] else 1.0
+            out.append(f"layer {il:3d}: {'+'.join(sorted(r['masks'])):<17} mask, {'+'.join(sorted(r['paths'])):<12} path, "
+                       f"kept {100 * kept:6.2f}% of visible cells, {1e3 * r['seconds']:9.2f} ms in attention")
+        return out

@@ -3,7 +3,7 @@
 # report in $OUT (or the folder given): the CUDA tests, test-ops on the device (every case, the
 # sparse flash-attention ones included), flash-attention timings at the issue's sizes, and llm bench
 # on a random-weight model of SmolLM2's shapes (generated there: same shapes, same speed) on cpu and
-# cuda. Each step has its own time limit (470 s in all), so one slow step leaves the others' results.
+# cuda. Each step has its own time limit (500 s in all), so one slow step leaves the others' results.
 #
 #   scripts/gpu_check.sh [REPORT_DIR]
 #
@@ -45,8 +45,9 @@ step test-ops 45 testops.txt $llm test-ops test -b cuda
 step test-ops-perf-fa 45 perf.txt $llm test-ops perf -b cuda -o FLASH_ATTN_EXT -p 'kv=32768.*type_K=f16'
 step random-model 20 env.txt python3 scripts/random_model.py smollm2-135m "$model" --ctx 40960
 step bench-cuda 45 bench.md $llm bench -m "$model" --backend cuda pp2048 tg32 tg128 pp2048@d32768 tg32@d32768 -r 3
+step bench-cuda-sparse 60 bench.md $llm bench -m "$model" --backend cuda pp2048@d32768 tg32@d32768 --sparse-topk 0,1024,2048 -r 2
 step bench-cpu-vs-cuda 45 bench.md $llm bench -m "$model" --backend cpu,cuda pp2048 tg32 -r 2
-step bench-cpu-vs-cuda-depth 150 bench.md $llm bench -m "$model" --backend cpu,cuda pp2048@d32768 tg32@d32768 -r 2
+step bench-cpu-vs-cuda-depth 120 bench.md $llm bench -m "$model" --backend cpu,cuda pp2048@d32768 tg32@d32768 -r 2
 
 grep -E 'tests passed|Backend .*: (OK|FAIL)|backends passed' "$report/testops.txt" | tee -a "$summary"
 tail -n 3 "$report/pytest.txt" | tee -a "$summary"

@@ -37,8 +37,9 @@ def commit(memory, tokens, seq_id=0, n_seq_max=4, n_ubatch=512, kv=None):
 def visible(mctx, il=0, row=0):
     """Positions a query row can see, per the mask of its group."""
     group = mctx.layer(il).groups()[0]
+    mask, _ = group.produce_mask(il, None)
     cells = mctx.cache.cells[0] if hasattr(mctx, "cache") else None
-    return sorted(cells.pos[: group.mask.shape[1]][np.isfinite(group.mask[row])])
+    return sorted(cells.pos[: mask.shape[1]][np.isfinite(mask[row])])
 
 
 def test_planning_does_not_touch_the_cache():

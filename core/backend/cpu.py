@@ -116,6 +116,10 @@ class CPUBackend(ArrayAlgebra):
         np.take(x.reshape(x.shape[0], -1), idx.reshape(-1), axis=0, out=out)
         return out.reshape(idx.shape + x.shape[1:])
 
+    @staticmethod
+    def synchronize() -> None:
+        """Nothing runs asynchronously on the CPU."""
+
     def describe(self) -> str:
         blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
         return f"NumPy {np.__version__} ({blas.get('name', 'BLAS')} {blas.get('version', '')})".strip()
@@ -367,12 +371,14 @@ class CPUBackend(ArrayAlgebra):
         path = path or self.attn_path
         sparse = n_kv_max > 0 and path != "dense" and (path == "sparse" or n_kv >= max(SPARSE_MIN_KV, 2 * n_kv_max))
         args = (q, k, v, mask, scale, softcap, sinks, slopes)
+        self.last_attn_path = "sparse" if sparse else "dense"
+        if len(q) <= FEW_ATTN_ROWS and in_place_rows(k) and in_place_rows(v):
+            return self._attend_rows(*args)  # reads only the cells the mask keeps, in place: sparse as it is
         if sparse:
             out = self._attend_sparse(*args, n_kv_max=min(n_kv_max, n_kv))
             if out is not None:
                 return out
-        if len(q) <= FEW_ATTN_ROWS and in_place_rows(k) and in_place_rows(v):
-            return self._attend_rows(*args)
+            self.last_attn_path = "dense"
         return self._attend_dense(*args)
 
     @staticmethod

@@ -312,7 +312,9 @@ class CUDABackend(ArrayAlgebra):
         v16, v_row = _kv_f16(v)
         params = (np.int32(n_q), np.int32(n_kv), np.int32(n_head), np.int32(n_head_kv), np.int64(k_row),
                   np.int64(v_row), np.float32(scale), np.float32(softcap), *_alibi_args(n_head, max_bias))
+        self.last_attn_path = "dense"
         if want_sparse and row_max() <= n_kv_max:
+            self.last_attn_path = "sparse"
             indices, cap = self._compact(mask_dev, n_q, n_kv, min(n_kv_max, n_kv))
             return self._attend_split(q, k16, v16, mask_dev, sinks, params, indices, cap)
         if n_q <= DECODE_MAX_ROWS or d_k != d_v or d_k not in PREFILL_DIMS:

@@ -9,7 +9,7 @@ attention layer, a `RecurrentView` for a recurrent one."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable, Protocol
 
@@ -17,6 +17,7 @@ import numpy as np
 
 from ..batch import BatchAllocator, UBatch
 from ..statefile import StateReader, StateWriter
+from .masks import CausalMask, MaskInput, MaskProducer
 
 
 class MemoryStatus(Enum):
@@ -28,12 +29,20 @@ class MemoryStatus(Enum):
 
 @dataclass
 class AttnGroup:
-    """Query rows of the ubatch that attend the same keys: one per cache stream."""
+    """Query rows of the ubatch that attend the same keys (one per cache stream), with what the
+    layer's mask producer needs: the base mask, the query and cell positions, and extra stores."""
     rows: slice | np.ndarray
     keys: np.ndarray  # (n_kv, n_head_kv, head_dim_k)
     values: np.ndarray  # (n_kv, n_head_kv, head_dim_v)
-    mask: np.ndarray  # (n_rows, n_kv): 0 keep, -inf drop
-    n_kv_max: int = 0  # bound on the finite entries of any mask row (0: no promise)
+    mask: np.ndarray  # (n_rows, n_kv) causal and sequence mask: 0 keep, -inf drop
+    pos: np.ndarray  # (n_rows,) query positions
+    cell_pos: np.ndarray  # (n_kv,) cell positions (-1: empty)
+    producer: MaskProducer = field(default_factory=CausalMask)
+    extra: dict = field(default_factory=dict)  # what the producer reads besides (e.g. "bounds")
+
+    def produce_mask(self, il: int, q, xp=np) -> tuple[np.ndarray, int]:
+        """(mask, n_kv_max) for these rows' queries q, by the layer's producer."""
+        return self.producer(MaskInput(il, q, self.mask, self.pos, self.cell_pos, xp, self.extra))
 
 
 class AttnView(Protocol):
@@ -43,7 +52,7 @@ class AttnView(Protocol):
         """Keep the ubatch's K/V rows (n_tokens, n_head_kv, head_dim)."""
 
     def groups(self) -> list[AttnGroup]:
-        """The keys each group of query rows attends, with its mask."""
+        """The keys each group of query rows attends, with its base mask and mask producer."""
 
 
 class RecurrentView(Protocol):

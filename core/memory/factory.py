@@ -6,7 +6,7 @@ there, with its builder, its size and the models it refuses; the choosing code s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -16,6 +16,7 @@ from ..errors import InvalidInputError
 from .base import Memory
 from .iswa import KVCacheISWA, swa_cache_size
 from .kv_cache import KVCache
+from .masks import TOPK_AUTO_MIN_KV, TOPK_AUTO_RATIO, BlockTopK, MaskProducer, SparseParams
 from .none import NoKVMemory
 from .recurrent import RecurrentMemory
 from .spec import AttnSpec, MemorySpec, RecurrentSpec
@@ -36,6 +37,8 @@ class MemoryParams:
     kv: str = "auto"
     ctx: str = "auto"
     cache_types_given: bool = False  # -ctk/-ctv came from the user, not a default
+    attn: str = "auto"  # attention path where a sparse bound exists: auto, dense or sparse
+    sparse: SparseParams = field(default_factory=SparseParams)
 
     def validate_flags(self) -> None:
         """The checks that hold whatever the model."""
@@ -54,6 +57,7 @@ class MemoryParams:
             raise InvalidInputError("--ctx decoder decodes over a cache; use --ctx no-kv to run without one")
         if self.swa_full and self.kv not in ("auto", "iswa"):
             raise InvalidInputError(f"--swa-full sizes the window cache of --kv iswa; --kv {self.kv} has none")
+        self.sparse.validate()
 
 
 @dataclass(frozen=True)
@@ -88,10 +92,38 @@ def resolve_kinds(arch: str, spec: MemorySpec, p: MemoryParams) -> tuple[str, st
         raise InvalidInputError(reason)
     if p.swa_full and not spec.window_layers:
         raise InvalidInputError(f"--swa-full applies to sliding-window models; {arch} has none")
+    if p.sparse.topk and not mask_producers(spec, p):
+        raise InvalidInputError(_no_selecting_layer(spec, arch, p))
     if not MEMORY_KINDS[kv].holds_kv and p.cache_types_given and spec.of(RecurrentSpec):
         raise InvalidInputError(f"-ctk/-ctv set the types of cached keys and values; {arch}'s recurrent "
                                 "states are float32")
     return kv, ("no-kv" if kv == "none" else "decoder")
+
+
+def mask_producers(spec: MemorySpec, p: MemoryParams) -> dict[int, MaskProducer]:
+    """The block top-k producer of every full-attention layer --sparse-layers names (window layers
+    keep their window). Under --attn auto it selects only where that pays; otherwise always."""
+    sp = p.sparse
+    if not sp.topk:
+        return {}
+    min_kv = max(TOPK_AUTO_MIN_KV, TOPK_AUTO_RATIO * (sp.topk + sp.local)) if p.attn == "auto" else 0
+    topk = BlockTopK(sp.topk, sp.block, sp.local, min_kv)
+    return {il: topk for il, layer in spec.of(AttnSpec).items() if layer.window == 0 and sp.selects(il)}
+
+
+def _no_selecting_layer(spec: MemorySpec, arch: str, p: MemoryParams) -> str:
+    attn = spec.of(AttnSpec)
+    if not attn:
+        return f"--sparse-topk selects the keys attention reads; {arch} has no attention layers"
+    full = [il for il, layer in attn.items() if layer.window == 0]
+    if not full:
+        return f"--sparse-topk applies to full-attention layers; every layer of {arch} is a sliding window"
+    return (f"--sparse-layers '{p.sparse.layers}' names none of {arch}'s full-attention layers "
+            f"({_ranges(full)})")
+
+
+def _ranges(layers: list[int]) -> str:
+    return ",".join(str(il) for il in layers) if len(layers) < 8 else f"{layers[0]}..{layers[-1]}"
 
 
 def default_kind(spec: MemorySpec) -> str:
@@ -147,19 +179,19 @@ def _window(spec: MemorySpec) -> dict:
 @memory_kind("unified", lambda spec, p: _kv_bytes(spec, p, p.n_ctx), _attention_only("unified"))
 def _unified(spec: MemorySpec, p: MemoryParams, xp) -> Memory:
     return KVCache(spec.of(AttnSpec), p.n_ctx, p.n_seq_max, 1, p.type_k, p.type_v, kind="unified", xp=xp,
-                   **_window(spec))
+                   producers=mask_producers(spec, p), **_window(spec))
 
 
 @memory_kind("split", lambda spec, p: _kv_bytes(spec, p, p.n_ctx), _attention_only("split"))
 def _split(spec: MemorySpec, p: MemoryParams, xp) -> Memory:
     return KVCache(spec.of(AttnSpec), p.n_ctx // p.n_seq_max, p.n_seq_max, p.n_seq_max, p.type_k, p.type_v,
-                   kind="split", xp=xp, **_window(spec))
+                   kind="split", producers=mask_producers(spec, p), xp=xp, **_window(spec))
 
 
 @memory_kind("iswa", lambda spec, p: _kv_bytes(spec, p, p.n_ctx, _window_cells(spec, p)), _attention_only("iswa"))
 def _iswa(spec: MemorySpec, p: MemoryParams, xp) -> Memory:
     return KVCacheISWA(spec.of(AttnSpec), set(spec.window_layers), p.n_ctx, spec.window, p.n_ubatch, p.n_seq_max,
-                       p.type_k, p.type_v, p.swa_full, xp=xp)
+                       p.type_k, p.type_v, p.swa_full, producers=mask_producers(spec, p), xp=xp)
 
 
 def _recurrent_only(spec: MemorySpec, arch: str, p: MemoryParams) -> str | None:
@@ -177,7 +209,8 @@ def _recurrent(spec: MemorySpec, p: MemoryParams, xp) -> Memory:
 
 @memory_kind("none", lambda spec, p: 0, lambda spec, arch, p: None, holds_kv=False)
 def _none(spec: MemorySpec, p: MemoryParams, xp) -> Memory:
-    return NoKVMemory(p.n_seq_max, n_vocab=spec.n_vocab, recurrent=spec.of(RecurrentSpec), xp=xp, **_window(spec))
+    return NoKVMemory(p.n_seq_max, n_vocab=spec.n_vocab, recurrent=spec.of(RecurrentSpec),
+                      producers=mask_producers(spec, p), xp=xp, **_window(spec))
 
 
 KV_KINDS = ("auto", *MEMORY_KINDS)

@@ -15,6 +15,7 @@ from ..batch import POS_LIMIT, BatchAllocator, UBatch
 from ..errors import InvalidInputError
 from ..statefile import StateReader, StateWriter
 from .base import AttnGroup, BoundAttnView, LoadedState, Memory, MemoryContext, MemoryStatus, open_range
+from .masks import BlockBounds, BlockTopK, CausalMask, MaskProducer, WindowMask
 from .spec import AttnSpec
 from .storage import KVStorage
 
@@ -76,7 +77,7 @@ class KVCells:
 class KVCache(Memory):
     def __init__(self, layers: dict[int, AttnSpec], kv_size: int, n_seq_max: int = 1, n_stream: int = 1,
                  type_k: str = "f32", type_v: str = "f32", n_swa: int = 0, swa_layers=frozenset(),
-                 kind: str = "unified", xp=None):
+                 kind: str = "unified", producers: dict[int, MaskProducer] | None = None, xp=None):
         self.kind = kind
         self.layers = layers
         self.kv_size, self.n_seq_max, self.n_stream = kv_size, n_seq_max, n_stream
@@ -87,6 +88,18 @@ class KVCache(Memory):
         self.v = {il: KVStorage(n_stream, kv_size, s.n_head_kv * s.head_dim_v, type_v, xp) for il, s in layers.items()}
         self.cells = [KVCells(kv_size, n_seq_max) for _ in range(n_stream)]
         self.heads = [0] * n_stream
+        self.xp = xp if xp is not None else np
+        window, causal = WindowMask(n_swa), CausalMask()  # one each, so layers share their masks
+        self.producers = {il: (producers or {}).get(il) or (window if il in self.swa_layers else causal)
+                          for il in layers}
+        self.bounds = {il: self._bounds_for(il, p) for il, p in self.producers.items() if isinstance(p, BlockTopK)}
+
+    def _bounds_for(self, il: int, producer: "BlockTopK") -> BlockBounds:
+        """Block bounds of layer il's keys, kept stale-marked by every write to its K storage."""
+        store = self.k[il]
+        bounds = BlockBounds(self.n_stream, self.kv_size, store.dim, producer.block, self.xp)
+        store.on_write = bounds.touch
+        return bounds
 
     def stream_of(self, seq: int) -> int:
         return seq if self.n_stream > 1 else 0
@@ -364,12 +377,20 @@ class KVCache(Memory):
             cells.pos[idxs], cells.seq[idxs] = pos, member
             self._write_rows(st, idxs, rows)
             self.heads[st] = int(idxs[-1]) + 1 if len(idxs) else 0
+        self._refresh_bounds()
 
     def _commit_seq(self, st: int, seq: int, idxs: np.ndarray, pos: np.ndarray, rows) -> None:
         self.cells[st].seq_rm(seq, 0, np.iinfo(np.int32).max)
         if len(idxs):
             self._place(st, idxs, pos, np.full(len(idxs), seq))
         self._write_rows(st, idxs, rows)
+        self._refresh_bounds()
+
+    def _refresh_bounds(self) -> None:
+        """Block bounds of a loaded state are computed with the load, not by the first decode after it."""
+        for il, bounds in self.bounds.items():
+            for st, cells in enumerate(self.cells):
+                bounds.refresh(st, self.k[il], cells.pos, bounds.lo.shape[1])
 
     def _write_rows(self, st: int, idxs: np.ndarray, rows) -> None:
         for il, (k, v) in rows.items():
@@ -398,13 +419,13 @@ class KVCacheContext(MemoryContext):
     def __init__(self, cache: KVCache, status: MemoryStatus, ubatches=None, slots=None):
         super().__init__(status, ubatches)
         self.cache, self.slots = cache, slots or []
-        self._groups: dict[bool, list] = {}
+        self._groups: list = []
         self._undo = None
 
     def apply(self) -> None:
         self._undo = self._snapshot()
         self.cache.apply_ubatch(self.slots[self.index], self.ubatch)
-        self._groups = {}
+        self._groups = []
 
     def _snapshot(self):
         """What apply() and the stores after it can change: the touched streams' cells and head,
@@ -426,7 +447,7 @@ class KVCacheContext(MemoryContext):
             self.cache.heads[st] = head
         for store, st, idxs, raw in rows:
             store.set_raw(st, idxs, raw)
-        self._undo, self._groups = None, {}
+        self._undo, self._groups = None, []
 
     def layer(self, il: int) -> BoundAttnView:
         return BoundAttnView(self, il)
@@ -438,35 +459,35 @@ class KVCacheContext(MemoryContext):
         self.cache.v[il].write(streams, cells, v.reshape(len(cells), -1))
 
     def groups(self, il: int) -> list[AttnGroup]:
-        """Per stream of the ubatch: its query rows, the cached K/V views and the mask."""
-        shape, windowed = self.cache.layers[il], il in self.cache.swa_layers
+        """Per stream of the ubatch: its query rows, the cached K/V views, the causal mask and
+        what the layer's mask producer needs."""
+        shape, producer, bounds = self.cache.layers[il], self.cache.producers[il], self.cache.bounds.get(il)
         out = []
-        for st, rows, n_kv, mask in self._stream_masks(windowed):
+        for st, rows, n_kv, mask in self._stream_masks():
+            cells = self.cache.cells[st]
             k = self.cache.k[il].read(st, n_kv, shape.n_head_kv)
             v = self.cache.v[il].read(st, n_kv, shape.n_head_kv)
-            out.append(AttnGroup(rows, k, v, mask, self.cache.n_swa if windowed else 0))
+            extra = {} if bounds is None else {"bounds": bounds.view(st, self.cache.k[il], cells.pos)}
+            out.append(AttnGroup(rows, k, v, mask, self.ubatch.pos[rows], cells.pos[:n_kv], producer, extra))
         return out
 
-    def _stream_masks(self, windowed: bool):
+    def _stream_masks(self):
         """Masks depend only on the ubatch and the cells, so each is built once per ubatch."""
-        if windowed not in self._groups:
+        if not self._groups:
             streams, _ = self.slots[self.index]
             ub, groups = self.ubatch, []
             for st in np.unique(streams):
                 rows = slice(None) if self.cache.n_stream == 1 else np.flatnonzero(streams == st)
                 cells = self.cache.cells[int(st)]
                 n_kv = cells.used_max_p1()
-                window = self.cache.n_swa if windowed else 0
-                groups.append((int(st), rows, n_kv, causal_mask(cells, ub.pos[rows], ub.seq_id[rows], n_kv, window)))
-            self._groups[windowed] = groups
-        return self._groups[windowed]
+                mask = self.cache.xp.asarray(causal_mask(cells, ub.pos[rows], ub.seq_id[rows], n_kv))
+                groups.append((int(st), rows, n_kv, mask))
+            self._groups = groups
+        return self._groups
 
 
-def causal_mask(cells: KVCells, pos: np.ndarray, seq_id: np.ndarray, n_kv: int, n_swa: int = 0) -> np.ndarray:
-    """(n_tokens, n_kv): a token sees cells of its own sequence at its position or before,
-    and with a window only the last n_swa positions."""
+def causal_mask(cells: KVCells, pos: np.ndarray, seq_id: np.ndarray, n_kv: int) -> np.ndarray:
+    """(n_tokens, n_kv): a token sees the cells of its own sequence at its position or before."""
     cell_pos = cells.pos[:n_kv]
     allowed = cells.seq[:n_kv][:, seq_id].T & (cell_pos[None, :] <= pos[:, None])
-    if n_swa > 0:
-        allowed &= (pos[:, None] - cell_pos[None, :]) < n_swa
     return np.where(allowed, np.float32(0.0), np.float32(-np.inf))

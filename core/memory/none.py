@@ -12,6 +12,7 @@ import numpy as np
 from ..batch import POS_LIMIT, BatchAllocator, UBatch
 from ..statefile import StateReader, StateWriter
 from .base import AttnGroup, BoundAttnView, LoadedState, Memory, MemoryContext, MemoryStatus, open_range
+from .masks import BlockTopK, CausalMask, KeyBounds, MaskProducer, WindowMask
 from .recurrent import ScratchRecurrentView
 from .spec import RecurrentSpec
 
@@ -20,11 +21,18 @@ class NoKVMemory(Memory):
     kind = "none"
 
     def __init__(self, n_seq_max: int = 1, n_swa: int = 0, swa_layers=frozenset(), n_vocab: int = 1 << 31,
-                 recurrent: dict[int, RecurrentSpec] | None = None, xp=np):
+                 recurrent: dict[int, RecurrentSpec] | None = None, producers: dict | None = None, xp=np):
         self.n_seq_max, self.n_swa, self.swa_layers = n_seq_max, n_swa, frozenset(swa_layers)
+        self.producers = producers or {}  # layer → mask producer where not the causal or window mask
+        self.window, self.causal = WindowMask(n_swa), CausalMask()
         self.n_vocab = n_vocab
         self.recurrent, self.xp = recurrent or {}, xp  # recurrent layers start from zero each ubatch
         self.clear()
+
+    def producer(self, il: int) -> MaskProducer:
+        if il in self.producers:
+            return self.producers[il]
+        return self.window if il in self.swa_layers and self.n_swa > 0 else self.causal
 
     def init_batch(self, balloc: BatchAllocator, n_ubatch: int) -> "NoKVContext":
         return NoKVContext(self, MemoryStatus.SUCCESS, balloc.split_simple(n_ubatch))
@@ -116,7 +124,7 @@ class NoKVContext(MemoryContext):
         self.memory = memory
         self.expanded: UBatch | None = None
         self.kv: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._masks: dict[bool, np.ndarray] = {}
+        self._mask = None
         self._undo: list[tuple[int, int]] = []  # (sequence, history length before apply)
 
     @property
@@ -143,7 +151,7 @@ class NoKVContext(MemoryContext):
         for s in seqs:
             mine = ub.seq_id == s
             self.memory.append(s, ub.tokens[mine], ub.pos[mine])
-        self.kv, self._masks = {}, {}
+        self.kv, self._mask = {}, None
 
     def rollback(self) -> None:
         for s, n in self._undo:
@@ -159,13 +167,11 @@ class NoKVContext(MemoryContext):
         self.kv[il] = (k, v)
 
     def groups(self, il: int) -> list[AttnGroup]:
-        windowed = il in self.memory.swa_layers
-        if windowed not in self._masks:
-            ub = self.expanded
+        ub = self.expanded
+        if self._mask is None:
             allowed = (ub.seq_id[:, None] == ub.seq_id[None, :]) & (ub.pos[None, :] <= ub.pos[:, None])
-            if windowed and self.memory.n_swa > 0:
-                allowed &= (ub.pos[:, None] - ub.pos[None, :]) < self.memory.n_swa
-            self._masks[windowed] = np.where(allowed, np.float32(0.0), np.float32(-np.inf))
+            self._mask = self.memory.xp.asarray(np.where(allowed, np.float32(0.0), np.float32(-np.inf)))
         k, v = self.kv[il]
-        return [AttnGroup(slice(None), k, v, self._masks[windowed], self.memory.n_swa if windowed else 0)]
-
+        producer = self.memory.producer(il)
+        extra = {"bounds": KeyBounds(k, producer.block, self.memory.xp)} if isinstance(producer, BlockTopK) else {}
+        return [AttnGroup(slice(None), k, v, self._mask, ub.pos, ub.pos, producer, extra)]

@@ -38,6 +38,7 @@ class KVStorage:
         check_cache_type(type_name, dim)
         self.xp = xp if xp is not None else np
         self.type_name, self.dim = type_name, dim
+        self.on_write = None  # called with (streams, cells) after rows change (block bounds listen)
         self.qtype = BLOCK_TYPES.get(type_name)
         if self.qtype is not None and self.xp is not np:
             raise InvalidInputError(f"cache type {type_name} is not supported on the GPU yet (f32 and f16 are)")
@@ -61,6 +62,8 @@ class KVStorage:
             self.data[streams, cells] = quantize_rows(rows, self.qtype)
         else:
             self.data[self.xp.asarray(streams), self.xp.asarray(cells)] = rows
+        if self.on_write is not None:
+            self.on_write(streams, cells)
 
     def read(self, stream: int, n: int, n_head: int):
         """The first n cells of a stream as stored, (n, n_head, head_dim): a view of f32/f16 rows,
@@ -86,3 +89,5 @@ class KVStorage:
 
     def set_raw(self, stream: int, cells: np.ndarray, raw: np.ndarray) -> None:
         self.data[stream, self.xp.asarray(cells)] = self.xp.asarray(raw)
+        if self.on_write is not None:
+            self.on_write(stream, cells)
