@@ -11,10 +11,10 @@ import pytest
 from conftest import TINY_GEMMA3, TINY_SSM, tiny_gemma3
 from llmsuite.core.backend import get_backend
 from llmsuite.core.batch import Batch
-from llmsuite.core.context import Context, ContextParams, DecodeStatus
 from llmsuite.core.memory import AttnSpec, KVCache, RopeSpec
 from llmsuite.core.memory.masks import BlockTopK, KeyBounds, MaskInput, SparseParams
 from llmsuite.core.statefile import StateReader, StateWriter
+from test_memory_real import greedy as greedy_run
 
 LLM = [sys.executable, "-m", "llmsuite.cli.main"]
 
@@ -110,15 +110,9 @@ def test_block_bounds_follow_every_edit():
 
 
 def greedy(kv, steps=12, **sparse):
-    ctx = Context(tiny_gemma3(), ContextParams(n_ctx=256, kv=kv, attn="sparse", sparse=SparseParams(**sparse)))
-    prompt = list(range(1000, 1150))
-    assert ctx.decode(Batch.from_tokens(prompt)) == DecodeStatus.OK
-    tokens, logits = [], []
-    for _ in range(steps):
-        logits.append(ctx.get_logits().copy())
-        tokens.append(int(np.argmax(logits[-1])))
-        assert ctx.decode(Batch.from_tokens([tokens[-1]])) == DecodeStatus.OK
-    return tokens, np.array(logits)
+    """Greedy steps after a 150-token prompt on tiny Gemma 3 (window 8), selection forced."""
+    return greedy_run(tiny_gemma3(), list(range(1000, 1150)), steps=steps, n_ctx=256, kv=kv, attn="sparse",
+                      sparse=SparseParams(**sparse))
 
 
 @pytest.mark.parametrize("kv", ["unified", "split", "iswa", "none"])
