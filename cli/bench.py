@@ -133,15 +133,16 @@ def _axes(batch, ubatch, ctk, ctv, kv, attn, backend) -> dict[str, list]:
 def _run_all(runs, paths, repetitions, warmup, show_progress):
     load = lru_cache(maxsize=1)(lambda name, backend: load_model(paths[name], backend=backend))  # reload on change
     results, notes, warned = [], [], set()
+    # one runner for the sweep, so a depth prefilled for one instance is restored for the next
+    runner = core.Runner(lambda inst: load(inst.model, inst.backend), repetitions, warmup,
+                         on_warning=lambda message: _warn_once(message, warned))
     enabled = show_progress and err_console.is_terminal
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=err_console, transient=True, disable=not enabled) as bar:
         task = bar.add_task("bench", total=len(runs))
         for i, inst in enumerate(runs, 1):
             label = f"bench {i}/{len(runs)}: {inst.test.name}"
-            runner = core.Runner(lambda name, b=inst.backend: load(name, b), repetitions, warmup,
-                                 on_event=lambda event: bar.update(task, description=f"{label} {event}"),
-                                 on_warning=lambda message: _warn_once(message, warned))
+            runner.on_event = lambda event, label=label: bar.update(task, description=f"{label} {event}")
             try:
                 get_backend(inst.backend)
                 results.append(runner.run(inst))

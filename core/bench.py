@@ -161,7 +161,7 @@ class Result:
 class Runner:
     """Runs instances on loaded models, keeping llama-bench's depth-state cache between them."""
 
-    def __init__(self, load: Callable[[str], Model], repetitions: int = 5, warmup: bool = True,
+    def __init__(self, load: Callable[["Instance"], Model], repetitions: int = 5, warmup: bool = True,
                  on_event: Callable[[str], None] | None = None, seed: int = 0,
                  on_warning: Callable[[str], None] | None = None):
         self.load, self.repetitions, self.warmup = load, repetitions, warmup
@@ -171,7 +171,7 @@ class Runner:
         self._depth_states: dict[tuple, bytes] = {}
 
     def run(self, inst: Instance) -> Result:
-        model = self.load(inst.model)
+        model = self.load(inst)
         test = inst.test
         needed = test.n_prompt + test.n_gen + test.n_depth
         if needed > model.hparams.n_ctx_train:  # llama-bench runs it too, and llama.cpp warns

@@ -501,14 +501,21 @@ def _kv_rows(rng, n_kv, n_head_kv, d, kv_type) -> np.ndarray:
     return x
 
 
-def sparse_mask(rows: int, n_kv: int, n_kv_max: int, seed: int = SPARSE_SEED) -> np.ndarray:
+def sparse_mask(rows: int, n_kv: int, n_kv_max: int, seed: int = SPARSE_SEED, blocks: bool = False) -> np.ndarray:
     """test-backend-ops' sparse mask: row r keeps n_kv_max - r % min(n_kv_max, 17) random columns
-    (ascending, small negative values), so some rows keep one entry; all else is -inf."""
+    (ascending, small negative values), so some rows keep one entry; all else is -inf. With
+    `blocks`, as a block top-k mask does: the columns come from a few blocks of 32 scattered over
+    the cache that all rows share, so nearby rows' selections overlap (the CPU gathers their union)."""
     rng = np.random.default_rng(seed)
     mask = np.full((rows, n_kv), -np.inf, dtype=np.float32)
+    pool = np.arange(n_kv)
+    if blocks:
+        chosen = np.sort(rng.permutation(-(-n_kv // 32))[:max(1, 2 * n_kv_max // 32)])
+        pool = (chosen[:, None] * 32 + np.arange(32)).reshape(-1)
+        pool = pool[pool < n_kv]
     for r in range(rows):
-        count = max(1, n_kv_max - r % min(n_kv_max, 17))
-        cols = np.sort(rng.permutation(n_kv)[:count])
+        count = min(len(pool), max(1, n_kv_max - r % min(n_kv_max, 17)))
+        cols = np.sort(rng.permutation(pool)[:count])
         mask[r, cols] = -0.03125 * (1 + (np.arange(count) + r) % 7)
     return mask
 
@@ -519,7 +526,7 @@ def _fa_make(p, rng):
     k = _kv_rows(rng, p["kv"], nh_kv, p["hsk"], p["type_K"])
     v = k[..., : p["hsv"]] if p.get("v_is_view_of_k") else _kv_rows(rng, p["kv"], nh_kv, p["hsv"], p["type_V"])
     if p["n_kv_max"]:
-        mask = sparse_mask(p["nb"], p["kv"], p["n_kv_max"])
+        mask = sparse_mask(p["nb"], p["kv"], p["n_kv_max"], blocks=p.get("sparse") == "blocks")
     else:
         mask = _mask(rng, p["nb"], p["kv"], "dense" if p["mask"] else "none")
     sinks = _f32(rng, nh_kv * r1, lo=-10, hi=10) if p["sinks"] else None
@@ -550,12 +557,15 @@ def _fa_run(b, i, p):
 
 
 def fa_params(hsk=128, hsv=128, nh=2, gqa=1, kv=512, nb=8, mask=True, sinks=False, max_bias=0.0, softcap=0.0,
-              type_kv="f16", n_kv_max=0, v_is_view_of_k=False, path="auto") -> dict:
-    """A FLASH_ATTN_EXT case; `path` forces the dense or sparse kernel where the hint allows either."""
+              type_kv="f16", n_kv_max=0, v_is_view_of_k=False, path="auto", sparse="random") -> dict:
+    """A FLASH_ATTN_EXT case; `path` forces the dense or sparse kernel where the hint allows either;
+    `sparse` ("random" or "blocks") is the kind of sparse mask (see sparse_mask)."""
     params = dict(hsk=hsk, hsv=hsv, nh=nh, nr23=[gqa, 1], kv=kv, nb=nb, mask=mask, sinks=sinks, max_bias=max_bias,
                   logit_softcap=softcap, prec="f32", type_K=type_kv, type_V=type_kv, v_is_view_of_k=v_is_view_of_k,
                   n_kv_max=n_kv_max)
-    return {**params, "path": path} if n_kv_max else params
+    if not n_kv_max:
+        return params
+    return {**params, "path": path, **({"sparse": sparse} if sparse != "random" else {})}
 
 
 def _fa_cases(quick: bool) -> list[dict]:
@@ -578,6 +588,8 @@ def _fa_cases(quick: bool) -> list[dict]:
         cases.append(fa_params(576, 512, 1, 16, 2048, 4, n_kv_max=512, v_is_view_of_k=True, path=path))
         cases.append(fa_params(64, 64, 2, 4, 1024, 8, sinks=True, softcap=10.0, max_bias=8.0, n_kv_max=128,
                                type_kv="q8_0", path=path))
+        for variant in (dict(), dict(sinks=True, softcap=10.0, max_bias=8.0, type_kv="q8_0"), dict(type_kv="f32")):
+            cases.append(fa_params(64, 64, 2, 4, 4096, 80, n_kv_max=256, path=path, sparse="blocks", **variant))
     return cases
 
 

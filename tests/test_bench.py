@@ -51,17 +51,26 @@ def test_loop_order_puts_tests_innermost():
 
 def test_depth_is_prefilled_once_then_restored():
     events = []
-    runner = bench.Runner(lambda name: tiny_gemma3(), repetitions=3, on_event=events.append)
+    runner = bench.Runner(lambda inst: tiny_gemma3(), repetitions=3, on_event=events.append)
     result = runner.run(bench.Instance("tiny", bench.Test(8, 4, 64), n_batch=32, n_ubatch=32))
     assert events.count("depth") == 1 and events.count("depth (cached)") == 2 and events[0] == "warmup"
     assert len(result.samples_ns) == 3 and result.avg_ts > 0
     assert result.stddev_ts == pytest.approx(float(__import__("numpy").std(result.samples_ts, ddof=1)))
 
 
+def test_depth_state_is_shared_across_instances_that_differ_only_in_attention():
+    """A --sparse-topk or --attn sweep prefills each depth once, not once per value."""
+    events = []
+    runner = bench.Runner(lambda inst: tiny_gemma3(), repetitions=1, warmup=False, on_event=events.append)
+    for inst in bench.instances(["tiny"], [bench.Test(0, 2, 64)], {"attn": ["dense", "sparse"], "n_ubatch": [32]}):
+        runner.run(inst)
+    assert events.count("depth") == 1 and events.count("depth (cached)") == 1
+
+
 def test_depth_beyond_the_model_context_warns_and_runs():
     """As llama-bench: the test runs past the training context, with a warning."""
     warnings = []
-    runner = bench.Runner(lambda name: tiny_gemma3(), repetitions=1, warmup=False, on_warning=warnings.append)
+    runner = bench.Runner(lambda inst: tiny_gemma3(), repetitions=1, warmup=False, on_warning=warnings.append)
     result = runner.run(bench.Instance("tiny", bench.Test(8, 0, 2044)))
     assert len(result.samples_ns) == 1
     assert warnings and "pp8 @ d2044 needs 2052 positions, more than the 2048" in warnings[0]

@@ -124,7 +124,7 @@ def test_few_row_attention_kernel_matches_the_blas_path(cache_type):
     sinks = rng.uniform(-2, 2, n_head).astype(np.float32)
     for softcap, sink in ((0.0, None), (10.0, sinks)):
         args = (q, k, v, mask, 0.125, softcap, sink, slopes)
-        got, expected = backend._attend_rows(*args), backend._attend_dense(*args)
+        got, expected = backend._attend_rows(*args), backend._attend_tiles(*args)
         np.testing.assert_allclose(got, expected, atol=2e-6)
         assert not got[2].any()
 

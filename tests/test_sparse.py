@@ -48,8 +48,10 @@ def expected_selection(q, keys, base, pos, cell_pos, topk, block, local):
     return keep
 
 
+@pytest.mark.parametrize("path", ["mask", "fused_mask"])
 @pytest.mark.parametrize("topk, block, local", [(32, 8, 8), (64, 16, 0), (16, 16, 16)])
-def test_block_topk_keeps_exactly_its_selection_within_the_bound(topk, block, local):
+def test_block_topk_keeps_exactly_its_selection_within_the_bound(topk, block, local, path):
+    """Both the array reference (the CuPy path) and the compiled CPU kernel."""
     rng = np.random.default_rng(topk + block + local)
     n_kv, rows, n_head, n_head_kv, d = 200, 40, 6, 2, 16
     keys = rng.standard_normal((n_kv, n_head_kv, d)).astype(np.float32)
@@ -58,17 +60,20 @@ def test_block_topk_keeps_exactly_its_selection_within_the_bound(topk, block, lo
     cell_pos = np.arange(n_kv, dtype=np.int32)
     base = causal_base(pos, cell_pos)
     producer = BlockTopK(topk, block, local)
-    mask, n_kv_max = producer(MaskInput(2, q, base, pos, cell_pos, extra={"bounds": KeyBounds(keys, block)}))
+    inp = MaskInput(2, q, base, pos, cell_pos, extra={"bounds": KeyBounds(keys, block)})
+    mask, n_kv_max = getattr(producer, path)(inp), producer.n_kv_max
     want = expected_selection(q, keys, base, pos, cell_pos, topk, block, local)
     np.testing.assert_array_equal(np.isfinite(mask), want)
     assert n_kv_max == topk + local and np.isfinite(mask).sum(axis=1).max() <= n_kv_max
     assert (np.isfinite(mask).sum(axis=1) < np.isfinite(base).sum(axis=1)).any()  # it did drop cells
 
 
-def test_block_bounds_follow_every_edit():
-    """Bounds equal the min and max over occupied cells after stores, seq_rm, a K-shift and a state load."""
-    spec = {0: AttnSpec(2, 8, 8, rope=RopeSpec(8, 10000.0, 1.0, True))}
-    cache = KVCache(spec, kv_size=64, producers={0: BlockTopK(16, 8, 8)})
+@pytest.mark.parametrize("cache_type", ["f32", "f16", "q8_0"])
+def test_block_bounds_follow_every_edit(cache_type):
+    """Bounds equal the min and max over occupied cells after stores, seq_rm, a K-shift and a state
+    load; f32 and f16 rows are read in place by a kernel, q8_0 through the array code."""
+    spec = {0: AttnSpec(2, 16, 16, rope=RopeSpec(16, 10000.0, 1.0, True))}
+    cache = KVCache(spec, kv_size=64, producers={0: BlockTopK(16, 8, 8)}, type_k=cache_type, type_v=cache_type)
     backend = get_backend("cpu")
     rng = np.random.default_rng(0)
 
@@ -78,7 +83,7 @@ def test_block_bounds_follow_every_edit():
         balloc.init(Batch.from_tokens(np.arange(n), pos0=p0), cache)
         mctx = cache.init_batch(balloc, 64)
         mctx.apply()
-        k = rng.standard_normal((n, 2, 8)).astype(np.float32)
+        k = rng.standard_normal((n, 2, 16)).astype(np.float32)
         mctx.layer(0).store(k, k)
 
     def check():

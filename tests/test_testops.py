@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from llmsuite.core.backend import CPUBackend, cuda_unavailable_reason
-from llmsuite.core.backend.cpu import compact_mask
+from llmsuite.core.backend.cpu import _key_blocks
 from llmsuite.core.ops import OPS, sparse_mask
 from llmsuite.core.testops import run_test, select_cases
 
@@ -32,15 +32,20 @@ def test_flash_attention_cases_cover_the_contract():
         assert any(fragment in n for n in names), fragment
 
 
-def test_sparse_masks_keep_single_entry_rows_and_compact_in_order():
+def test_sparse_masks_keep_single_entry_rows_within_the_bound():
     mask = sparse_mask(40, 300, 17)
     counts = np.isfinite(mask).sum(axis=1)
     assert counts.max() <= 17 and counts.min() == 1
-    idx, values = compact_mask(mask, 17)
-    for r in range(40):
-        cols = np.flatnonzero(np.isfinite(mask[r]))
-        assert idx[r, : len(cols)].tolist() == cols.tolist() and np.isneginf(values[r, len(cols):]).all()
-    assert compact_mask(mask, 16) is None  # a broken promise: the caller attends densely
+
+
+def test_block_sparse_masks_make_the_cpu_gather_a_tile_union():
+    """The 'blocks' masks share a few scattered blocks, as top-k rows do: a tile's union is gathered
+    (index arrays), while a random mask's union fills its span and is walked as ranges."""
+    blocks = np.isfinite(sparse_mask(32, 4096, 256, blocks=True)).any(axis=0)
+    random = np.isfinite(sparse_mask(32, 4096, 256)).any(axis=0)
+    assert blocks.sum() <= 512 and all(isinstance(b, np.ndarray) for b in _key_blocks(np.flatnonzero(blocks), True))
+    assert all(isinstance(b, slice) for b in _key_blocks(np.flatnonzero(random), True))
+    assert all(isinstance(b, slice) for b in _key_blocks(np.flatnonzero(blocks), False))
 
 
 def test_a_wrong_kernel_is_caught():

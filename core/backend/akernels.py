@@ -23,6 +23,8 @@ from numba.extending import intrinsic, overload
 F16_RESCALE = np.float32(2.0 ** 112)  # half exponent bias 15 → float bias 127
 # fastmath without "nnan"/"ninf": masked cells are -inf and the kernels test for it
 FAST = {"nsz", "arcp", "contract", "afn", "reassoc"}
+# Cells per task of attend_rows: at least two chunks per thread where the row keeps enough.
+ATTN_CHUNK_MIN, ATTN_CHUNK_MAX = 64, 512
 
 
 @intrinsic
@@ -109,33 +111,54 @@ def _as_f32(x):
     return None
 
 
+@njit(cache=True)
+def kept_cells(mask):
+    """Each row's finite mask columns, in ascending order: (cells (T, n) padded with 0, count (T,))."""
+    T, N = mask.shape
+    count = np.zeros(T, dtype=np.int64)
+    cells = np.zeros((T, N), dtype=np.int32)
+    for t in range(T):
+        for c in range(N):
+            if mask[t, c] != -np.inf:
+                cells[t, count[t]] = c
+                count[t] += 1
+    return cells[:, :max(1, count.max())], count
+
+
 @njit(fastmath=FAST, cache=True, parallel=True)
-def attend_rows(q, k, v, mask, scale, softcap, slopes, sinks, use_sinks, chunk, out):
+def attend_rows(q, k, v, mask, scale, softcap, slopes, sinks, use_sinks, n_tasks, out):
     """out (T, H, Dv) = softmax(softcap(q·kᵀ·scale) + slope·mask)·v for q (T, H, D) f32 and cache
     rows k (N, Hkv·D), v (N, Hkv·Dv) as float32 or f16 bits (uint16); mask (T, N); slopes (H,);
-    sinks (H,) join each head's softmax when use_sinks. A fully masked row gives zeros."""
+    sinks (H,) join each head's softmax when use_sinks. A fully masked row gives zeros.
+
+    Only the cells a row keeps are visited: the finite columns are listed first and the list is
+    cut into chunks of `chunk` cells, so a sparse mask costs what it keeps and every task gets
+    the same work however the kept cells lie: about `n_tasks` chunks, each of ATTN_CHUNK_MIN to
+    ATTN_CHUNK_MAX cells."""
     T, H, D = q.shape
-    N, Dv = k.shape[0], out.shape[2]
+    Dv = out.shape[2]
     Hkv = k.shape[1] // D
     G = H // Hkv
-    n_chunks = (N + chunk - 1) // chunk
+    cells, count = kept_cells(mask)
+    chunk = min(ATTN_CHUNK_MAX, max(ATTN_CHUNK_MIN, (cells.shape[1] + n_tasks - 1) // n_tasks))
+    n_chunks = (cells.shape[1] + chunk - 1) // chunk
     chunk_max = np.full((n_chunks, T, H), -np.inf, dtype=np.float32)
     chunk_sum = np.zeros((n_chunks, T, H), dtype=np.float32)
     chunk_acc = np.zeros((n_chunks, T, H, Dv), dtype=np.float32)
     for ci in prange(n_chunks):
-        c0 = ci * chunk
-        c1 = min(N, c0 + chunk)
-        s = np.empty((G, c1 - c0), dtype=np.float32)
+        s = np.empty((G, chunk), dtype=np.float32)
         row = np.empty(max(D, Dv), dtype=np.float32)
         m = np.empty(G, dtype=np.float32)
         for t in range(T):
+            j0 = ci * chunk
+            j1 = min(count[t], j0 + chunk)
+            if j1 <= j0:
+                continue
             for hk in range(Hkv):
                 m[:] = -np.inf
-                for c in range(c0, c1):  # scores, each K row widened once for the group
+                for j in range(j0, j1):  # scores, each K row widened once for the group
+                    c = cells[t, j]
                     mk = mask[t, c]
-                    if mk == -np.inf:
-                        s[:, c - c0] = -np.inf
-                        continue
                     for d in range(D):
                         row[d] = as_f32(k[c, hk * D + d])
                     for g in range(G):
@@ -146,25 +169,25 @@ def attend_rows(q, k, v, mask, scale, softcap, slopes, sinks, use_sinks, chunk, 
                         if softcap != 0:
                             x = softcap * np.tanh(x / softcap)
                         x += slopes[hk * G + g] * mk
-                        s[g, c - c0] = x
+                        s[g, j - j0] = x
                         m[g] = max(m[g], x)
                 for g in range(G):  # the chunk's softmax numerators and sums
                     if m[g] == -np.inf:
+                        s[g, :] = 0
                         continue
                     total = np.float32(0)
-                    for c in range(c1 - c0):
-                        p = fast_exp(s[g, c] - m[g])
-                        s[g, c] = p
+                    for j in range(j1 - j0):
+                        p = fast_exp(s[g, j] - m[g])
+                        s[g, j] = p
                         total += p
                     chunk_max[ci, t, hk * G + g] = m[g]
                     chunk_sum[ci, t, hk * G + g] = total
-                for c in range(c0, c1):  # weighted values, each V row widened once
-                    if mask[t, c] == -np.inf:
-                        continue
+                for j in range(j0, j1):  # weighted values, each V row widened once
+                    c = cells[t, j]
                     for d in range(Dv):
                         row[d] = as_f32(v[c, hk * Dv + d])
                     for g in range(G):
-                        p = s[g, c - c0]
+                        p = s[g, j - j0]
                         acc = chunk_acc[ci, t, hk * G + g]
                         for d in range(Dv):
                             acc[d] += p * row[d]
@@ -196,3 +219,83 @@ def _merge_chunks(chunk_max, chunk_sum, chunk_acc, sinks, use_sinks, out):
                 total += fast_exp(sinks[h] - m)
             for d in range(Dv):
                 out[t, h, d] /= total
+
+
+# ---- block top-k (memory/masks.py's BlockTopK and BlockBounds, fused for the CPU) -------------
+
+@njit(fastmath=FAST, cache=True, parallel=True)
+def block_topk_mask(q, base, pos, cell_pos, lo, hi, topk, block, local, out):
+    """out (T, N) = base (T, N) with the cells each row drops set to -inf, as BlockTopK does it:
+    a row that sees ≤ topk cells keeps them all; else it keeps its first visible block (the
+    sink), its best topk/block - 1 other visible blocks by Σ_heads,d max(q·lo, q·hi) against the
+    block bounds lo, hi (n_blocks, Hkv·D), and the cells less than `local` positions behind it.
+    q (T, H, D) f32; pos (T,), cell_pos (N,) int; ties go to the lower block."""
+    T, H, D = q.shape
+    N = base.shape[1]
+    n_blocks = lo.shape[0]
+    Hkv = lo.shape[1] // D
+    G = H // Hkv
+    n_pick = min(topk // block, n_blocks)
+    for t in prange(T):
+        seen = np.zeros(n_blocks, dtype=np.bool_)
+        n_visible = 0
+        for c in range(N):
+            if base[t, c] != -np.inf:
+                n_visible += 1
+                seen[c // block] = True
+        if n_visible <= topk:
+            out[t, :] = base[t, :]
+            continue
+        q_pos = np.zeros(Hkv * D, dtype=np.float32)
+        q_neg = np.zeros(Hkv * D, dtype=np.float32)
+        for hk in range(Hkv):
+            for g in range(G):
+                for d in range(D):
+                    x = q[t, hk * G + g, d]
+                    if x > 0:
+                        q_pos[hk * D + d] += x
+                    else:
+                        q_neg[hk * D + d] += x
+        score = np.full(n_blocks, -np.inf, dtype=np.float32)
+        sink = True
+        for b in range(n_blocks):
+            if not seen[b]:
+                continue
+            if sink:
+                score[b] = np.inf
+                sink = False
+                continue
+            acc = np.float32(0)
+            for j in range(lo.shape[1]):
+                acc += q_pos[j] * hi[b, j] + q_neg[j] * lo[b, j]
+            score[b] = acc
+        chosen = np.zeros(n_blocks, dtype=np.bool_)
+        order = np.argsort(-score, kind="mergesort")  # stable: ties to the lower block
+        for i in range(n_pick):
+            chosen[order[i]] = seen[order[i]]
+        for c in range(N):
+            keep = chosen[c // block] or pos[t] - cell_pos[c] < local
+            out[t, c] = base[t, c] if keep else -np.inf
+
+
+@njit(cache=True, parallel=True)
+def refresh_block_bounds(keys, cell_pos, blocks, block, lo, hi):
+    """lo[b], hi[b] = the elementwise min and max of keys (N, W) (f32, or f16 bits as uint16)
+    over the occupied cells (cell_pos ≥ 0) of each block b in `blocks`; zeros for an empty block."""
+    N, W = keys.shape
+    for i in prange(len(blocks)):
+        b = blocks[i]
+        lo[b, :] = np.inf
+        hi[b, :] = -np.inf
+        empty = True
+        for c in range(b * block, min(N, (b + 1) * block)):
+            if cell_pos[c] < 0:
+                continue
+            empty = False
+            for j in range(W):
+                x = as_f32(keys[c, j])
+                lo[b, j] = min(lo[b, j], x)
+                hi[b, j] = max(hi[b, j], x)
+        if empty:
+            lo[b, :] = 0
+            hi[b, :] = 0

@@ -8,6 +8,7 @@ reference of every op are in core/ops.py; `llm test-ops -b cpu` checks this file
 from __future__ import annotations
 
 import importlib
+from functools import lru_cache
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -25,10 +26,11 @@ KV_BLOCK = 1024
 # Query rows up to which attention over an f32/f16 cache runs akernels.attend_rows (which reads
 # the cache in place) instead of BLAS over converted blocks; measured faster up to here.
 FEW_ATTN_ROWS = 2
-# Cells per task of attend_rows: at least two chunks per thread where the cache allows.
-ATTN_CHUNK_MIN, ATTN_CHUNK_MAX = 64, 512
-# Query rows compacted together on the sparse path.
-SPARSE_ROWS = 16
+# Query rows per tile on the sparse path: the tile attends the union of its rows' kept keys, and
+# nearby rows choose much the same blocks, so smaller tiles gather fewer keys but call BLAS more.
+SPARSE_TILE = 64
+# A tile gathers its seen keys only when they fill less than this share of their span.
+GATHER_DENSITY = 0.5
 # llama.cpp's rule for when gathering the finite columns pays: KV >= max(4096, 2 * n_kv_max).
 SPARSE_MIN_KV = 4096
 # Activation rows up to which a quantized matmul runs the fused kernel (decode, -np, small
@@ -56,21 +58,6 @@ def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
     return np.where(h < n_head_log2, m0 ** (h + 1), m1 ** (2 * (h - n_head_log2) + 1)).astype(np.float32)
 
 
-def compact_mask(mask: np.ndarray, n_kv_max: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """Each row's finite columns in ascending order, padded to n_kv_max (padding points at column 0
-    with a -inf mask), and the mask values at those columns; None if a row breaks the bound."""
-    rows, cols = np.nonzero(np.isfinite(mask))
-    counts = np.bincount(rows, minlength=len(mask))
-    if counts.max(initial=0) > n_kv_max:
-        return None
-    slot = np.arange(len(cols)) - np.repeat(np.cumsum(counts) - counts, counts)
-    idx = np.zeros((len(mask), n_kv_max), dtype=np.int64)
-    idx[rows, slot] = cols
-    sel_mask = np.full((len(mask), n_kv_max), -np.inf, dtype=np.float32)
-    sel_mask[rows, slot] = mask[rows, cols]
-    return idx, sel_mask
-
-
 class CPUBackend(ArrayAlgebra):
     name = "cpu"
     xp = np
@@ -88,33 +75,26 @@ class CPUBackend(ArrayAlgebra):
             self._buffers[slot] = np.empty(n, dtype=np.float32)
         return self._buffers[slot][:n].reshape(shape)
 
-    def _rows_f32(self, x, c0: int, c1: int, slot: str) -> np.ndarray:
-        """Cache rows [c0, c1) as float32 (cells, heads, d): a view of f32 rows; f16 rows and
-        q8_0/q4_0 blocks are converted by a kernel into a reused buffer, a KV block at a time, so
-        attention never makes a full-size float32 copy of the cache."""
+    def _rows_f32(self, x, cells: slice | np.ndarray, slot: str) -> np.ndarray:
+        """Cache rows `cells` (a range, or gathered indices) as float32 (cells, heads, d): a view
+        of a range of f32 rows, else a reused buffer; f16 rows and q8_0/q4_0 blocks are converted
+        by a kernel a KV block at a time, so attention never makes a full-size float32 copy of
+        the cache."""
+        _, n_head, head_dim = x.shape
         if isinstance(x, BlockRows):
             raw, qtype = x.raw, x.qtype
         elif x.dtype == np.float16:
             raw, qtype = x.reshape(len(x), -1).view(np.uint8), int(GGMLQuantizationType.F16)
+        elif isinstance(cells, slice) or not x.flags.c_contiguous:
+            return x[cells].astype(np.float32, copy=False)
         else:
-            return x[c0:c1].astype(np.float32, copy=False)
-        _, n_head, head_dim = x.shape
-        out = self._buffer(slot, (c1 - c0, n_head * head_dim))
-        qkernels().DEQUANT[qtype](raw, np.arange(c0, c1), out)
-        return out.reshape(c1 - c0, n_head, head_dim)
-
-    def _gather_rows(self, x, idx: np.ndarray, slot: str) -> np.ndarray:
-        """x[idx] for cache rows x (n_kv, heads, d) as float32, into a reused buffer when x is contiguous."""
-        if isinstance(x, BlockRows):  # convert only the gathered rows
-            rows = BlockRows(x.raw[idx.reshape(-1)], x.qtype, x.n_head, x.head_dim).to_float()
-            return rows.reshape(idx.shape + x.shape[1:])
-        if x.dtype != np.float32:
-            return x[idx].astype(np.float32)
-        if not x.flags.c_contiguous:
-            return x[idx]
-        out = self._buffer(slot, (idx.size, x.shape[1] * x.shape[2]))
-        np.take(x.reshape(x.shape[0], -1), idx.reshape(-1), axis=0, out=out)
-        return out.reshape(idx.shape + x.shape[1:])
+            out = self._buffer(slot, (len(cells), n_head * head_dim))
+            np.take(x.reshape(len(x), -1), cells, axis=0, out=out)
+            return out.reshape(len(cells), n_head, head_dim)
+        idx = np.arange(cells.start, cells.stop) if isinstance(cells, slice) else cells
+        out = self._buffer(slot, (len(idx), n_head * head_dim))
+        qkernels().DEQUANT[qtype](raw, idx, out)
+        return out.reshape(len(idx), n_head, head_dim)
 
     @staticmethod
     def synchronize() -> None:
@@ -360,8 +340,9 @@ class CPUBackend(ArrayAlgebra):
 
         q (n_tokens, n_head, d_k), k (n_kv, n_head_kv, d_k), v (n_kv, n_head_kv, d_v),
         mask (n_tokens, n_kv) or None; returns (n_tokens, n_head, d_v). n_kv_max > 0 promises
-        that no mask row has more finite entries; where that pays (or when forced), each row
-        attends only its gathered finite columns. A fully masked row yields zeros. `path`
+        that no mask row has more finite entries; where that pays (or when forced), each tile of
+        query rows attends only the gathered union of its rows' finite columns. A fully masked
+        row yields zeros. `path`
         ("auto", "dense", "sparse") overrides the backend's --attn choice for this call.
         """
         n_kv = k.shape[0]
@@ -375,24 +356,19 @@ class CPUBackend(ArrayAlgebra):
         if len(q) <= FEW_ATTN_ROWS and in_place_rows(k) and in_place_rows(v):
             return self._attend_rows(*args)  # reads only the cells the mask keeps, in place: sparse as it is
         if sparse:
-            out = self._attend_sparse(*args, n_kv_max=min(n_kv_max, n_kv))
-            if out is not None:
-                return out
-            self.last_attn_path = "dense"
-        return self._attend_dense(*args)
+            return self._attend_tiles(*args, tile=SPARSE_TILE, gather=True)
+        return self._attend_tiles(*args)
 
     @staticmethod
     def _attend_rows(q, k, v, mask, scale, softcap, sinks, slopes) -> np.ndarray:
         """A few query rows: one numba kernel reads the f32/f16 cache in place."""
         kernels = akernels()
-        n_kv = k.shape[0]
-        chunk = min(ATTN_CHUNK_MAX, max(ATTN_CHUNK_MIN, -(-n_kv // (2 * numba_threads()))))
         out = np.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=np.float32)
         use_sinks = sinks is not None
         sinks = np.asarray(sinks if use_sinks else np.zeros(q.shape[1]), dtype=np.float32)
         kernels.attend_rows(np.ascontiguousarray(q, dtype=np.float32), cache_bits(k), cache_bits(v),
                             np.ascontiguousarray(mask, dtype=np.float32), np.float32(scale), np.float32(softcap),
-                            slopes.astype(np.float32), sinks, use_sinks, chunk, out)
+                            slopes.astype(np.float32), sinks, use_sinks, 2 * numba_threads(), out)
         return out
 
     @staticmethod
@@ -400,11 +376,16 @@ class CPUBackend(ArrayAlgebra):
         """(…, rows, cols) scores with scale, softcap, ALiBi slope and mask."""
         return _finish_scores(np.matmul(qg, keys_t), scale, softcap, slopes_g, mask_part)
 
-    def _attend_dense(self, q, k, v, mask, scale, softcap, sinks, slopes) -> np.ndarray:
-        """Query blocks × key blocks with an online softmax; keys no row of a block sees are skipped.
-        The query heads sharing a KV head are stacked into one matrix (one BLAS call per KV head),
-        and the score block is reused and updated in place. A prompt of several query blocks
-        converts f16/quantized rows once for all of them."""
+    def _attend_tiles(self, q, k, v, mask, scale, softcap, sinks, slopes, tile: int = ATTN_BLOCK,
+                      gather: bool = False) -> np.ndarray:
+        """Query tiles × key blocks with an online softmax. The query heads sharing a KV head are
+        stacked into one matrix (one BLAS call per KV head), and the score block is reused and
+        updated in place. A prompt of several tiles converts f16/quantized rows once for all.
+
+        Keys no row of a tile sees are skipped: outside the span from the first to the last seen
+        key always, and inside it too when `gather` is set and the seen keys fill less than
+        GATHER_DENSITY of the span. Those keys (the union of the tile's sparse selections) are
+        then gathered into the key blocks, so a top-k mask costs its union, not the context."""
         if len(q) > ATTN_BLOCK:
             k, v = as_float(k), as_float(v)
         n_tokens, n_head, d_k = q.shape
@@ -413,8 +394,8 @@ class CPUBackend(ArrayAlgebra):
         slopes_g = slopes.reshape(n_head_kv, g, 1, 1)
         out = np.empty((n_tokens, n_head, d_v), dtype=np.float32)
         finite = np.isfinite(mask)
-        for t0 in range(0, n_tokens, ATTN_BLOCK):
-            t1 = min(t0 + ATTN_BLOCK, n_tokens)
+        for t0 in range(0, n_tokens, tile):
+            t1 = min(t0 + tile, n_tokens)
             rows = t1 - t0
             cols = np.flatnonzero(finite[t0:t1].any(axis=0))
             if len(cols) == 0:
@@ -425,13 +406,12 @@ class CPUBackend(ArrayAlgebra):
             m = np.full((n_head_kv, g * rows), -np.inf, dtype=np.float32)
             l = np.zeros_like(m)
             acc = np.zeros((n_head_kv, g * rows, d_v), dtype=np.float32)
-            for c0 in range(cols[0], cols[-1] + 1, KV_BLOCK):
-                c1 = min(c0 + KV_BLOCK, cols[-1] + 1)
-                keys = self._rows_f32(k, c0, c1, "attn_k").transpose(1, 2, 0)  # (h_kv, d_k, cells)
-                values = self._rows_f32(v, c0, c1, "attn_v").transpose(1, 0, 2)  # (h_kv, cells, d_v)
-                s = np.matmul(qg, keys, out=self._buffer("attn_s", (n_head_kv, g * rows, c1 - c0)))
-                _finish_scores(s.reshape(n_head_kv, g, rows, c1 - c0), scale, softcap, slopes_g,
-                               mask[t0:t1, c0:c1])
+            for sel in _key_blocks(cols, gather):
+                keys = self._rows_f32(k, sel, "attn_k").transpose(1, 2, 0)  # (h_kv, d_k, cells)
+                values = self._rows_f32(v, sel, "attn_v").transpose(1, 0, 2)  # (h_kv, cells, d_v)
+                n_sel = keys.shape[-1]
+                s = np.matmul(qg, keys, out=self._buffer("attn_s", (n_head_kv, g * rows, n_sel)))
+                _finish_scores(s.reshape(n_head_kv, g, rows, n_sel), scale, softcap, slopes_g, mask[t0:t1, sel])
                 m_new = np.maximum(m, s.max(axis=-1))
                 m_safe = np.where(np.isfinite(m_new), m_new, 0.0)
                 alpha = np.exp(m - m_safe)
@@ -446,38 +426,6 @@ class CPUBackend(ArrayAlgebra):
                 l = l + np.exp(sink - np.where(np.isfinite(m), m, 0.0))
             acc /= np.where(l > 0, l, 1.0)[..., None]
             out[t0:t1] = acc.reshape(n_head_kv, g, rows, d_v).transpose(2, 0, 1, 3).reshape(rows, n_head, d_v)
-        return out
-
-    def _attend_sparse(self, q, k, v, mask, scale, softcap, sinks, slopes, n_kv_max: int) -> np.ndarray | None:
-        """Compact each mask row to its finite columns (ascending, padded to n_kv_max), gather
-        those K/V rows and attend over them only. None when a row has more than n_kv_max
-        (positions collapsed by seq_div, say): the caller then attends densely."""
-        n_tokens, n_head, d_k = q.shape
-        n_kv, n_head_kv, d_v = v.shape
-        g = n_head // n_head_kv
-        slopes_g = slopes.reshape(1, n_head_kv, g, 1)
-        sinks_g = None if sinks is None else sinks.astype(np.float32).reshape(1, n_head_kv, g, 1)
-        out = np.empty((n_tokens, n_head, d_v), dtype=np.float32)
-        for t0 in range(0, n_tokens, SPARSE_ROWS):
-            t1 = min(t0 + SPARSE_ROWS, n_tokens)
-            compact = compact_mask(mask[t0:t1], n_kv_max)
-            if compact is None:
-                return None
-            idx, sel_mask = compact
-            keys = self._gather_rows(k, idx, "sparse_k")  # whole rows (rows, n_sel, h_kv, d)
-            values = self._gather_rows(v, idx, "sparse_v")
-            qg = q[t0:t1].reshape(t1 - t0, n_head_kv, g, d_k)
-            s = self._scores(qg, keys.transpose(0, 2, 3, 1), scale, softcap, slopes_g, sel_mask[:, None, None, :])
-            m = s.max(axis=-1, keepdims=True)
-            if sinks_g is not None:
-                m = np.maximum(m, sinks_g)
-            m = np.where(np.isfinite(m), m, 0.0)
-            p = np.exp(s - m)
-            total = p.sum(axis=-1, keepdims=True)
-            if sinks_g is not None:
-                total = total + np.exp(sinks_g - m)
-            ctx = np.matmul(p / np.where(total > 0, total, 1.0), values.transpose(0, 2, 1, 3))  # (rows, h_kv, g, d_v)
-            out[t0:t1] = ctx.reshape(t1 - t0, n_head, d_v)
         return out
 
     # ---- state-space ops (Mamba) ---------------------------------------------------------
@@ -527,6 +475,15 @@ class CPUBackend(ArrayAlgebra):
         return np.take_along_axis(part, order, axis=-1).astype(np.int32)
 
 
+def _key_blocks(cols: np.ndarray, gather: bool):
+    """The key blocks covering the seen columns `cols` (ascending): ranges over their span, or,
+    when gathering pays, the columns themselves KV_BLOCK at a time."""
+    span = cols[-1] + 1 - cols[0]
+    if gather and len(cols) < GATHER_DENSITY * span:
+        return [cols[j:j + KV_BLOCK] for j in range(0, len(cols), KV_BLOCK)]
+    return [slice(c0, min(c0 + KV_BLOCK, cols[-1] + 1)) for c0 in range(cols[0], cols[-1] + 1, KV_BLOCK)]
+
+
 def _finish_scores(s: np.ndarray, scale: float, softcap: float, slopes_g: np.ndarray, mask_part: np.ndarray):
     """Raw q·k scores to softcap(s·scale) + slope·mask, in place (a prompt's score block is its
     attention's largest array); returns s."""
@@ -542,8 +499,10 @@ def _finish_scores(s: np.ndarray, scale: float, softcap: float, slopes_g: np.nda
     return s
 
 
+@lru_cache(maxsize=None)
 def _kernel_module(name: str, what: str):
-    """A numba kernel module, imported (compiled, or loaded from numba's cache) on first use."""
+    """A numba kernel module, imported (compiled, or loaded from numba's cache) on first use;
+    later calls cost a dictionary lookup (a decoded token asks some two hundred times)."""
     try:
         return importlib.import_module(f"{__package__}.{name}")
     except ImportError as e:

@@ -142,19 +142,36 @@ class BlockTopK:
         return n_kv >= self.min_kv
 
     def __call__(self, inp: MaskInput):
+        if not self.applies(inp.base.shape[1]):
+            return inp.base, 0
+        mask = self.fused_mask(inp) if inp.xp is np else self.mask(inp)
+        return mask, self.n_kv_max
+
+    def mask(self, inp: MaskInput):
+        """The selection in array operations: the reference, and the CuPy path."""
         xp, base = inp.xp, inp.base
-        rows, n_kv = base.shape
-        if not self.applies(n_kv):
-            return base, 0
         visible = xp.isfinite(base)
         dense_rows = visible.sum(axis=1) <= self.topk
         if bool(dense_rows.all()):
-            return base, self.n_kv_max
+            return base
         keep = self._chosen_cells(inp, visible)
         if self.local:
             keep |= (xp.asarray(inp.pos)[:, None] - xp.asarray(inp.cell_pos)[None, :]) < self.local
         keep |= dense_rows[:, None]
-        return xp.where(keep, base, NEG_INF), self.n_kv_max
+        return xp.where(keep, base, NEG_INF)
+
+    def fused_mask(self, inp: MaskInput) -> np.ndarray:
+        """The same selection in one compiled pass per row: the CPU path (forty NumPy calls cost
+        more than the attention they save on a decoded token)."""
+        from ..backend.cpu import akernels
+
+        rows, n_kv = inp.base.shape
+        lo, hi = inp.extra["bounds"].block_bounds(-(-n_kv // self.block))
+        out = np.empty((rows, n_kv), dtype=np.float32)
+        akernels().block_topk_mask(np.ascontiguousarray(inp.q, dtype=np.float32),
+                                   np.ascontiguousarray(inp.base, dtype=np.float32), np.asarray(inp.pos),
+                                   np.asarray(inp.cell_pos), lo, hi, self.topk, self.block, self.local, out)
+        return out
 
     def _chosen_cells(self, inp: MaskInput, visible):
         """(rows, n_kv) True on the cells of each row's chosen blocks."""
@@ -164,7 +181,7 @@ class BlockTopK:
         padded = xp.zeros((rows, n_blocks * B), dtype=bool)
         padded[:, :n_kv] = visible
         seen = padded.reshape(rows, n_blocks, B).any(axis=2)
-        scores = inp.extra["bounds"].scores(inp.q, n_blocks)
+        scores = upper_bound_scores(inp.q, *inp.extra["bounds"].block_bounds(n_blocks), xp)
         scores = xp.where(seen, scores, -np.inf)
         scores[xp.arange(rows), xp.argmax(seen, axis=1)] = np.inf  # the sink: each row's first block
         n_pick = min(self.topk // B, n_blocks)
@@ -226,6 +243,13 @@ class BlockBounds:
         blocks = np.flatnonzero(self.stale[st, :n_blocks])
         if not len(blocks):
             return
+        if self.xp is np and store.qtype is None:  # f32/f16 rows read where they lie
+            from ..backend.cpu import akernels, cache_bits
+
+            akernels().refresh_block_bounds(cache_bits(store.data[st]), cell_pos, blocks, self.block,
+                                            self.lo[st], self.hi[st])
+            self.stale[st, blocks] = False
+            return
         cells = (blocks[:, None] * self.block + np.arange(self.block)).reshape(-1)
         inside = cells < self.kv_size
         cells = np.minimum(cells, self.kv_size - 1)
@@ -248,10 +272,11 @@ class StreamBounds:
     store: object
     cell_pos: np.ndarray
 
-    def scores(self, q, n_blocks: int):
+    def block_bounds(self, n_blocks: int):
+        """(lo, hi) of the first n_blocks blocks, (n_blocks, n_head_kv·d_k), brought up to date."""
         b = self.bounds
         b.refresh(self.st, self.store, self.cell_pos, n_blocks)
-        return upper_bound_scores(q, b.lo[self.st, :n_blocks], b.hi[self.st, :n_blocks], b.xp)
+        return b.lo[self.st, :n_blocks], b.hi[self.st, :n_blocks]
 
 
 @dataclass
@@ -261,10 +286,9 @@ class KeyBounds:
     block: int
     xp: object = np
 
-    def scores(self, q, n_blocks: int):
+    def block_bounds(self, n_blocks: int):
         xp, n = self.xp, self.keys.shape[0]
         keys = xp.zeros((n_blocks * self.block, self.keys[0].size), dtype=np.float32)
         keys[:n] = self.keys.reshape(n, -1)
         occupied = xp.arange(n_blocks * self.block) < n
-        lo, hi = block_min_max(keys, occupied, self.block, xp)
-        return upper_bound_scores(q, lo, hi, xp)
+        return block_min_max(keys, occupied, self.block, xp)
