@@ -73,6 +73,7 @@ def main() -> None:
     ap.add_argument("--layers", default="2-")
     ap.add_argument("-ctk", "--cache-type", default="f16")
     ap.add_argument("-v", "--verbose", action="store_true")
+    ap.add_argument("--plot", type=Path, help="save the speedup of each K against depth as a PNG (needs matplotlib)")
     a = ap.parse_args()
     model = load_model(resolve_model(a.model))
     text = open(a.file, encoding="utf-8").read()
@@ -82,6 +83,7 @@ def main() -> None:
           f"--attn {a.attn} for K > 0, best of {a.repetitions}\n")
     print(f"| depth | K | tg{a.n_gen} ms/t | tg t/s | speedup | pp{a.n_prompt} t/s | speedup |")
     print("| --: | --: | --: | --: | --: | --: | --: |")
+    speedups = []
     for depth in (int(d) for d in a.depths.split(",")):
         need = depth + max(a.n_gen, a.n_prompt) + 1
         if len(tokens) < need:
@@ -104,12 +106,36 @@ def main() -> None:
         dense_tg, dense_pp = best[topks[0]]
         for k in topks:
             tg, pp = best[k]
+            speedups.append((depth, k, dense_tg / tg, dense_pp / pp))
             print(f"| {depth} | {k or 'dense'} | {1e3 * tg:.1f} | {1 / tg:.2f} | {dense_tg / tg:.2f}× | "
                   f"{1 / pp:.1f} | {dense_pp / pp:.2f}× |", flush=True)
         if a.verbose:
             for k in topks:
                 print(f"\nK={k}, tg{a.n_gen} of the last repetition (timed with the statistics on):")
                 print("\n".join(stats[k].lines()))
+    if a.plot:
+        plot(speedups, topks[1:], a)
+
+
+def plot(speedups: list[tuple], topks: list[int], a) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    for k in topks:
+        rows = [r for r in speedups if r[1] == k]
+        ax.plot([r[0] for r in rows], [r[2] for r in rows], marker="o", label=f"tg{a.n_gen}, K={k}")
+        ax.plot([r[0] for r in rows], [r[3] for r in rows], marker="s", linestyle="--", label=f"pp{a.n_prompt}, K={k}")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("depth (cells already in the cache)")
+    ax.set_ylabel("speedup against dense")
+    ax.set_title(f"{a.model}, block top-k, CPU")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(a.plot, dpi=120)
 
 
 if __name__ == "__main__":

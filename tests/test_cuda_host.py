@@ -85,6 +85,56 @@ def test_forward_passes_launch_as_declared(cuda, tmp_path, preset, attn):
         <= set(fake_cupy.RawModule.launches)
 
 
+def test_block_topk_makes_its_mask_on_the_device(cuda):
+    """Under CuPy the producer runs its array code on device arrays (the mask never visits the
+    host) and selects what the CPU's compiled kernel selects."""
+    from llmsuite.core.memory.masks import BlockTopK, KeyBounds, MaskInput
+
+    rng = np.random.default_rng(3)
+    keys = rng.standard_normal((160, 2, 16)).astype(np.float32)
+    q = rng.standard_normal((24, 6, 16)).astype(np.float32)
+    pos = np.sort(rng.choice(160, 24, replace=False)).astype(np.int32)
+    cell_pos = np.arange(160, dtype=np.int32)
+    base = np.where(cell_pos[None, :] <= pos[:, None], np.float32(0), np.float32(-np.inf))
+    producer = BlockTopK(32, 8, 8)
+    xp = cuda.xp
+    on_device = MaskInput(2, xp.asarray(q), xp.asarray(base), pos, cell_pos, xp=xp,
+                          extra={"bounds": KeyBounds(xp.asarray(keys), 8, xp)})
+    mask, n_kv_max = producer(on_device)
+    on_host = MaskInput(2, q, base, pos, cell_pos, extra={"bounds": KeyBounds(keys, 8)})
+    assert isinstance(mask, fake_cupy.FakeArray) and n_kv_max == 40
+    np.testing.assert_array_equal(np.isfinite(mask.get()), np.isfinite(producer.fused_mask(on_host)))
+    assert np.isfinite(mask.get()).sum() < np.isfinite(base).sum()
+
+
+def test_a_sparse_forward_pass_keeps_masks_and_bounds_on_the_device(cuda, tmp_path):
+    """--sparse-topk on the CUDA backend: the cache's block bounds, the masks given to the
+    attention op and the op's sparse gather all stay device-side."""
+    from llmsuite.core.batch import Batch
+    from llmsuite.core.context import Context, ContextParams
+    from llmsuite.core.memory.masks import SparseParams
+    from llmsuite.core.models import load_model
+
+    write = runpy.run_path(str(SCRIPTS / "random_model.py"))["write_random_model"]
+    model = load_model(write("smollm2-135m", tmp_path / "m.gguf", n_layer=2, n_vocab=512), backend="cuda")
+    ctx = Context(model, ContextParams(n_ctx=96, n_ubatch=32, backend="cuda", attn="sparse",
+                                       sparse=SparseParams(16, 8, 8, "all")))
+    masks = []
+    attend = cuda.flash_attn_ext.__func__
+
+    def spy(self, q, k, v, mask=None, *args, **kwargs):
+        masks.append((type(mask), kwargs.get("n_kv_max", args[5] if len(args) > 5 else 0)))
+        return attend(self, q, k, v, mask, *args, **kwargs)
+
+    ctx.backend.flash_attn_ext = spy.__get__(ctx.backend)
+    for i in range(0, 64, 32):
+        assert ctx.decode(Batch.from_tokens(list(range(3 + i, 35 + i)), pos0=i)) == 0, ctx.last_error
+    assert ctx.decode(Batch.from_tokens([7], pos0=64)) == 0, ctx.last_error
+    assert masks and all(kind is fake_cupy.FakeArray and bound == 24 for kind, bound in masks)
+    assert isinstance(ctx.memory.bounds[0].lo, fake_cupy.FakeArray)
+    assert "mask_to_indices" in fake_cupy.RawModule.launches
+
+
 def test_the_fake_rejects_a_wrong_launch(cuda):
     kernel = cuda.kernels["rms_norm_f32"]
     x = cuda.xp.zeros((2, 64), dtype=np.float32)
