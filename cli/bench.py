@@ -51,7 +51,7 @@ def bench(
     attn: Annotated[ListOpt, typer.Option("--attn", help=f"attention paths: {','.join(ATTN_PATHS)}")] = None,
     backend: Annotated[ListOpt, typer.Option("--backend", help="backends: cpu,cuda")] = None,
     sparse_topk: Annotated[ListOpt, typer.Option("--sparse-topk", help="block top-k sizes K (0: dense), e.g. 0,1024")] = None,
-    sparse_block: opt.SparseBlock = 64,
+    sparse_block: opt.SparseBlock = 32,
     sparse_local: opt.SparseLocal = 64,
     sparse_layers: opt.SparseLayers = "2-",
     no_warmup: Annotated[bool, typer.Option("--no-warmup")] = False,

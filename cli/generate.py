@@ -39,7 +39,7 @@ def generate(
     attn: opt.Attn = "auto",
     numerics: opt.Numerics = "f32",
     sparse_topk: opt.SparseTopk = 0,
-    sparse_block: opt.SparseBlock = 64,
+    sparse_block: opt.SparseBlock = 32,
     sparse_local: opt.SparseLocal = 64,
     sparse_layers: opt.SparseLayers = "2-",
     seed: Annotated[int, typer.Option("-s", "--seed", help="sampling seed (default: random)")] = DEFAULT_SEED,

@@ -43,7 +43,7 @@ def perplexity(
     attn: opt.Attn = "auto",
     numerics: opt.Numerics = "f32",
     sparse_topk: opt.SparseTopk = 0,
-    sparse_block: opt.SparseBlock = 64,
+    sparse_block: opt.SparseBlock = 32,
     sparse_local: opt.SparseLocal = 64,
     sparse_layers: opt.SparseLayers = "2-",
     kl_base: Annotated[Optional[Path], typer.Option("--kl-divergence-base", help="file of base log-probabilities")] = None,

@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("-c", "--ctx-size", type=int, default=4096)
     ap.add_argument("--chunks", type=int, default=-1)
     ap.add_argument("-k", "--topk", default="256,512,1024,2048", help="comma list of K")
-    ap.add_argument("--block", type=int, default=64)
+    ap.add_argument("--block", default="32", help="comma list of block sizes")
     ap.add_argument("--local", type=int, default=64)
     ap.add_argument("--layers", default="2-")
     ap.add_argument("--plot", type=Path, help="save PPL change against K as a PNG")
@@ -44,16 +44,17 @@ def main() -> None:
         base = Path(tmp) / "dense.kld"
         dense = run(common + ["-f", a.file, "--kl-divergence-base", str(base)])
         rows = []
-        for k in (int(v) for v in a.topk.split(",")):
-            sparse = ["--sparse-topk", str(k), "--sparse-block", str(a.block), "--sparse-local", str(a.local),
-                      "--sparse-layers", a.layers, "--attn", "sparse"]
-            s = run(common + ["--kl-divergence-base", str(base), "--kl-divergence"] + sparse)["summary"]
-            rows.append((k, s["ppl"], 100 * (s["ppl"] / dense["final"] - 1), s["kld"], 100 * s["same_top"]))
-    print(f"{a.model}, {a.file}, -c {a.ctx_size}, block {a.block}, local {a.local}, layers {a.layers}; "
+        for block in (int(v) for v in a.block.split(",")):
+            for k in (int(v) for v in a.topk.split(",")):
+                sparse = ["--sparse-topk", str(k), "--sparse-block", str(block), "--sparse-local", str(a.local),
+                          "--sparse-layers", a.layers, "--attn", "sparse"]
+                s = run(common + ["--kl-divergence-base", str(base), "--kl-divergence"] + sparse)["summary"]
+                rows.append((block, k, s["ppl"], 100 * (s["ppl"] / dense["final"] - 1), s["kld"], 100 * s["same_top"]))
+    print(f"{a.model}, {a.file}, -c {a.ctx_size}, --chunks {a.chunks}, local {a.local}, layers {a.layers}; "
           f"dense PPL {dense['final']:.4f}\n")
-    print("| K | PPL | ΔPPL | mean KLD | same top |\n| --: | --: | --: | --: | --: |")
-    for k, ppl, delta, kld, top in rows:
-        print(f"| {k} | {ppl:.4f} | {delta:+.2f}% | {kld:.5f} | {top:.2f}% |")
+    print("| block | K | PPL | ΔPPL | mean KLD | same top |\n| --: | --: | --: | --: | --: | --: |")
+    for block, k, ppl, delta, kld, top in rows:
+        print(f"| {block} | {k} | {ppl:.4f} | {delta:+.2f}% | {kld:.5f} | {top:.2f}% |")
     if a.plot:
         import matplotlib
 
@@ -61,7 +62,10 @@ def main() -> None:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(5, 3.2))
-        ax.plot([r[0] for r in rows], [r[2] for r in rows], marker="o")
+        for block in sorted({r[0] for r in rows}):
+            mine = [r for r in rows if r[0] == block]
+            ax.plot([r[1] for r in mine], [r[3] for r in mine], marker="o", label=f"block {block}")
+        ax.legend(fontsize=8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("--sparse-topk K")
         ax.set_ylabel("PPL change vs dense (%)")

@@ -68,7 +68,7 @@ def main() -> None:
     ap.add_argument("-p", "--n-prompt", type=int, default=512)
     ap.add_argument("-r", "--repetitions", type=int, default=2)
     ap.add_argument("--attn", default="sparse", help="--attn for K > 0 (auto shows what auto picks)")
-    ap.add_argument("--block", type=int, default=64)
+    ap.add_argument("--block", type=int, default=32)
     ap.add_argument("--local", type=int, default=64)
     ap.add_argument("--layers", default="2-")
     ap.add_argument("-ctk", "--cache-type", default="f16")

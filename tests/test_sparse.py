@@ -40,7 +40,8 @@ def expected_selection(q, keys, base, pos, cell_pos, topk, block, local):
             lo, hi = k.min(axis=0), k.max(axis=0)  # (n_head_kv, d)
             scores[b] = sum(np.maximum(q[r, h] * lo[h * n_head_kv // n_head], q[r, h] * hi[h * n_head_kv // n_head]).sum()
                             for h in range(n_head))
-        chosen = [blocks[0]] + sorted(blocks[1:], key=lambda b: -scores[b])[:topk // block - 1]
+        far = [b for b in blocks[1:] if (visible & (pos[r] - cell_pos >= local))[b * block:(b + 1) * block].any()]
+        chosen = [blocks[0]] + sorted(far, key=lambda b: -scores[b])[:topk // block - 1]
         for b in chosen:
             keep[r, b * block:(b + 1) * block] = True
         keep[r] |= (pos[r] - cell_pos) < local
@@ -151,7 +152,7 @@ def llm(*args):
 
 @pytest.mark.parametrize("args, fragment", [
     (["--sparse-topk", "-64"], "--sparse-topk must be 0 (dense) or a positive number"),
-    (["--sparse-topk", "100"], "is not a multiple of --sparse-block 64"),
+    (["--sparse-topk", "100"], "is not a multiple of --sparse-block 32"),
     (["--sparse-topk", "96", "--sparse-block", "48"], "--sparse-block must be a power of two"),
     (["--sparse-topk", "64", "--sparse-local", "128"], "--sparse-local 128 must be between 0 and --sparse-topk 64"),
     (["--sparse-topk", "64", "--sparse-layers", "9-"], "names none of gemma3's full-attention layers"),
@@ -194,3 +195,13 @@ def test_gemma3_unified_greedy_tokens_equal_dense_on_the_fixture_prompts(topk=10
         sparse, _ = greedy_run(model, case["prompt_ids"], steps=16, n_ctx=256, kv="unified", attn="sparse",
                                sparse=SparseParams(topk))
         assert sparse == dense, case["prompt"]
+
+
+def test_auto_leaves_short_contexts_dense():
+    """Under --attn auto a selection below max(4096 cells, 5·(K+L)) is skipped: logits equal
+    dense's exactly, where --attn sparse with the same K changes them (the test above)."""
+    dense_tokens, dense = greedy_run(tiny_gemma3(), list(range(1000, 1150)), steps=4, n_ctx=256, kv="unified",
+                                     attn="auto")
+    tokens, logits = greedy_run(tiny_gemma3(), list(range(1000, 1150)), steps=4, n_ctx=256, kv="unified",
+                                attn="auto", sparse=SparseParams(32, 8, 8, "all"))
+    assert tokens == dense_tokens and np.array_equal(logits, dense)

@@ -229,6 +229,7 @@ def block_topk_mask(q, base, pos, cell_pos, lo, hi, topk, block, local, out):
     a row that sees ≤ topk cells keeps them all; else it keeps its first visible block (the
     sink), its best topk/block - 1 other visible blocks by Σ_heads,d max(q·lo, q·hi) against the
     block bounds lo, hi (n_blocks, Hkv·D), and the cells less than `local` positions behind it.
+    Blocks whose visible cells are all local are not ranked (they are kept anyway).
     q (T, H, D) f32; pos (T,), cell_pos (N,) int; ties go to the lower block."""
     T, H, D = q.shape
     N = base.shape[1]
@@ -238,11 +239,14 @@ def block_topk_mask(q, base, pos, cell_pos, lo, hi, topk, block, local, out):
     n_pick = min(topk // block, n_blocks)
     for t in prange(T):
         seen = np.zeros(n_blocks, dtype=np.bool_)
+        far = np.zeros(n_blocks, dtype=np.bool_)  # has a visible cell outside the local window
         n_visible = 0
         for c in range(N):
             if base[t, c] != -np.inf:
                 n_visible += 1
                 seen[c // block] = True
+                if pos[t] - cell_pos[c] >= local:
+                    far[c // block] = True
         if n_visible <= topk:
             out[t, :] = base[t, :]
             continue
@@ -265,6 +269,8 @@ def block_topk_mask(q, base, pos, cell_pos, lo, hi, topk, block, local, out):
                 score[b] = np.inf
                 sink = False
                 continue
+            if not far[b]:
+                continue  # kept as local cells anyway: no pick spent on it
             acc = np.float32(0)
             for j in range(lo.shape[1]):
                 acc += q_pos[j] * hi[b, j] + q_neg[j] * lo[b, j]

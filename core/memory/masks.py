@@ -22,10 +22,11 @@ import numpy as np
 
 NEG_INF = np.float32(-np.inf)
 # --attn auto applies a top-k selection only where a group attends this many cells or more, and
-# at least TOPK_AUTO_RATIO times the cells the selection keeps: below that gathering costs more
-# than it saves (measured with `llm bench tg32@dN pp512@dN --sparse-topk 0,K`, docs/sparse-attention.md).
+# at least TOPK_AUTO_RATIO times the cells the selection keeps. Measured with
+# scripts/sparse_speed.py -d 2048,4096,8192 -k 0,1024 (docs/sparse-attention.md): K = 1024 is even
+# at d2048, pp512 is 0.92x at d4096 (4608 cells, 4.2x the 1088 kept) and 1.44x at d8192.
 TOPK_AUTO_MIN_KV = 4096
-TOPK_AUTO_RATIO = 4
+TOPK_AUTO_RATIO = 5
 
 
 @dataclass
@@ -72,7 +73,7 @@ class WindowMask:
 class SparseParams:
     """--sparse-topk K, --sparse-block B, --sparse-local L, --sparse-layers; topk 0: off."""
     topk: int = 0
-    block: int = 64
+    block: int = 32  # chosen by scripts/sparse_quality.py: 32 meets the PPL targets, 64 does not
     local: int = 64
     layers: str = "2-"  # the layers that select; the first two stay dense by default
 
@@ -127,7 +128,7 @@ class LayerSet:
 class BlockTopK:
     """Keep per query row: its best-scoring blocks up to `topk` cells (the first visible block
     always among them), plus the last `local` positions; rows that see at most `topk` cells keep
-    them all. A row keeps at most topk + local cells, the bound given to the attention op."""
+    them all. A block wholly inside the local window is not ranked, so no pick is spent on it. A row keeps at most topk + local cells, the bound given to the attention op."""
     kind, uses_queries = "top-k", True
 
     def __init__(self, topk: int, block: int, local: int, min_kv: int = 0):
@@ -154,9 +155,8 @@ class BlockTopK:
         dense_rows = visible.sum(axis=1) <= self.topk
         if bool(dense_rows.all()):
             return base
-        keep = self._chosen_cells(inp, visible)
-        if self.local:
-            keep |= (xp.asarray(inp.pos)[:, None] - xp.asarray(inp.cell_pos)[None, :]) < self.local
+        local = (xp.asarray(inp.pos)[:, None] - xp.asarray(inp.cell_pos)[None, :]) < self.local
+        keep = self._chosen_cells(inp, visible, visible & ~local) | local
         keep |= dense_rows[:, None]
         return xp.where(keep, base, NEG_INF)
 
@@ -173,16 +173,15 @@ class BlockTopK:
                                    np.asarray(inp.cell_pos), lo, hi, self.topk, self.block, self.local, out)
         return out
 
-    def _chosen_cells(self, inp: MaskInput, visible):
-        """(rows, n_kv) True on the cells of each row's chosen blocks."""
+    def _chosen_cells(self, inp: MaskInput, visible, far):
+        """(rows, n_kv) True on the cells of each row's chosen blocks. Only blocks with a visible
+        cell outside the local window (`far`) are ranked: the others are kept anyway."""
         xp, B = inp.xp, self.block
         rows, n_kv = visible.shape
         n_blocks = -(-n_kv // B)
-        padded = xp.zeros((rows, n_blocks * B), dtype=bool)
-        padded[:, :n_kv] = visible
-        seen = padded.reshape(rows, n_blocks, B).any(axis=2)
+        seen, ranked = (self._per_block(x, n_blocks, xp) for x in (visible, far))
         scores = upper_bound_scores(inp.q, *inp.extra["bounds"].block_bounds(n_blocks), xp)
-        scores = xp.where(seen, scores, -np.inf)
+        scores = xp.where(ranked, scores, -np.inf)
         scores[xp.arange(rows), xp.argmax(seen, axis=1)] = np.inf  # the sink: each row's first block
         n_pick = min(self.topk // B, n_blocks)
         picked = xp.argpartition(-scores, n_pick - 1, axis=1)[:, :n_pick]
@@ -190,6 +189,13 @@ class BlockTopK:
         chosen[xp.arange(rows)[:, None], picked] = True
         chosen &= seen
         return xp.repeat(chosen, B, axis=1)[:, :n_kv]
+
+    def _per_block(self, cells, n_blocks: int, xp):
+        """(rows, n_blocks): whether any of a block's cells is set."""
+        rows, n_kv = cells.shape
+        padded = xp.zeros((rows, n_blocks * self.block), dtype=bool)
+        padded[:, :n_kv] = cells
+        return padded.reshape(rows, n_blocks, self.block).any(axis=2)
 
 
 # ---- block bounds ----------------------------------------------------------------------------
