@@ -342,8 +342,8 @@ class CPUBackend(ArrayAlgebra):
         mask (n_tokens, n_kv) or None; returns (n_tokens, n_head, d_v). n_kv_max > 0 promises
         that no mask row has more finite entries; where that pays (or when forced), each tile of
         query rows attends only the gathered union of its rows' finite columns. A fully masked
-        row yields zeros. `path`
-        ("auto", "dense", "sparse") overrides the backend's --attn choice for this call.
+        row yields zeros. `path` ("auto", "dense", "sparse") overrides the backend's --attn
+        choice for this call.
         """
         n_kv = k.shape[0]
         if mask is None:
