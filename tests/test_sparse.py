@@ -67,6 +67,8 @@ def test_block_topk_keeps_exactly_its_selection_within_the_bound(topk, block, lo
     np.testing.assert_array_equal(np.isfinite(mask), want)
     assert n_kv_max == topk + local and np.isfinite(mask).sum(axis=1).max() <= n_kv_max
     assert (np.isfinite(mask).sum(axis=1) < np.isfinite(base).sum(axis=1)).any()  # it did drop cells
+    last = MaskInput(2, q[-1:], base[-1:], pos[-1:], cell_pos, extra=inp.extra)  # one decoded row (serial kernel)
+    np.testing.assert_array_equal(getattr(producer, path)(last), mask[-1:])
 
 
 @pytest.mark.parametrize("cache_type", ["f32", "f16", "q8_0"])

@@ -223,6 +223,63 @@ def _merge_chunks(chunk_max, chunk_sum, chunk_acc, sinks, use_sinks, out):
 
 # ---- block top-k (memory/masks.py's BlockTopK and BlockBounds, fused for the CPU) -------------
 
+@njit(fastmath=FAST, cache=True)
+def _topk_row(t, q, base, pos, cell_pos, lo, hi, topk, block, local, out):
+    """One row of block_topk_mask."""
+    H, D = q.shape[1], q.shape[2]
+    N = base.shape[1]
+    n_blocks = lo.shape[0]
+    Hkv = lo.shape[1] // D
+    G = H // Hkv
+    n_pick = min(topk // block, n_blocks)
+    seen = np.zeros(n_blocks, dtype=np.bool_)
+    far = np.zeros(n_blocks, dtype=np.bool_)  # has a visible cell outside the local window
+    n_visible = 0
+    for b in range(n_blocks):  # block by block: no division per cell
+        for c in range(b * block, min(N, (b + 1) * block)):
+            if base[t, c] != -np.inf:
+                n_visible += 1
+                seen[b] = True
+                if pos[t] - cell_pos[c] >= local:
+                    far[b] = True
+    if n_visible <= topk:
+        out[t, :] = base[t, :]
+        return
+    q_pos = np.zeros(Hkv * D, dtype=np.float32)
+    q_neg = np.zeros(Hkv * D, dtype=np.float32)
+    for hk in range(Hkv):
+        for g in range(G):
+            for d in range(D):
+                x = q[t, hk * G + g, d]
+                if x > 0:
+                    q_pos[hk * D + d] += x
+                else:
+                    q_neg[hk * D + d] += x
+    score = np.full(n_blocks, -np.inf, dtype=np.float32)
+    sink = True
+    for b in range(n_blocks):
+        if not seen[b]:
+            continue
+        if sink:
+            score[b] = np.inf
+            sink = False
+            continue
+        if not far[b]:
+            continue  # kept as local cells anyway: no pick spent on it
+        acc = np.float32(0)
+        for j in range(lo.shape[1]):
+            acc += q_pos[j] * hi[b, j] + q_neg[j] * lo[b, j]
+        score[b] = acc
+    chosen = np.zeros(n_blocks, dtype=np.bool_)
+    order = np.argsort(-score, kind="mergesort")  # stable: ties to the lower block
+    for i in range(n_pick):
+        chosen[order[i]] = seen[order[i]]
+    for b in range(n_blocks):
+        for c in range(b * block, min(N, (b + 1) * block)):
+            keep = chosen[b] or pos[t] - cell_pos[c] < local
+            out[t, c] = base[t, c] if keep else -np.inf
+
+
 @njit(fastmath=FAST, cache=True, parallel=True)
 def block_topk_mask(q, base, pos, cell_pos, lo, hi, topk, block, local, out):
     """out (T, N) = base (T, N) with the cells each row drops set to -inf, as BlockTopK does it:
@@ -231,66 +288,33 @@ def block_topk_mask(q, base, pos, cell_pos, lo, hi, topk, block, local, out):
     block bounds lo, hi (n_blocks, Hkv·D), and the cells less than `local` positions behind it.
     Blocks whose visible cells are all local are not ranked (they are kept anyway).
     q (T, H, D) f32; pos (T,), cell_pos (N,) int; ties go to the lower block."""
-    T, H, D = q.shape
-    N = base.shape[1]
-    n_blocks = lo.shape[0]
-    Hkv = lo.shape[1] // D
-    G = H // Hkv
-    n_pick = min(topk // block, n_blocks)
-    for t in prange(T):
-        seen = np.zeros(n_blocks, dtype=np.bool_)
-        far = np.zeros(n_blocks, dtype=np.bool_)  # has a visible cell outside the local window
-        n_visible = 0
-        for c in range(N):
-            if base[t, c] != -np.inf:
-                n_visible += 1
-                seen[c // block] = True
-                if pos[t] - cell_pos[c] >= local:
-                    far[c // block] = True
-        if n_visible <= topk:
-            out[t, :] = base[t, :]
-            continue
-        q_pos = np.zeros(Hkv * D, dtype=np.float32)
-        q_neg = np.zeros(Hkv * D, dtype=np.float32)
-        for hk in range(Hkv):
-            for g in range(G):
-                for d in range(D):
-                    x = q[t, hk * G + g, d]
-                    if x > 0:
-                        q_pos[hk * D + d] += x
-                    else:
-                        q_neg[hk * D + d] += x
-        score = np.full(n_blocks, -np.inf, dtype=np.float32)
-        sink = True
-        for b in range(n_blocks):
-            if not seen[b]:
-                continue
-            if sink:
-                score[b] = np.inf
-                sink = False
-                continue
-            if not far[b]:
-                continue  # kept as local cells anyway: no pick spent on it
-            acc = np.float32(0)
-            for j in range(lo.shape[1]):
-                acc += q_pos[j] * hi[b, j] + q_neg[j] * lo[b, j]
-            score[b] = acc
-        chosen = np.zeros(n_blocks, dtype=np.bool_)
-        order = np.argsort(-score, kind="mergesort")  # stable: ties to the lower block
-        for i in range(n_pick):
-            chosen[order[i]] = seen[order[i]]
-        for c in range(N):
-            keep = chosen[c // block] or pos[t] - cell_pos[c] < local
-            out[t, c] = base[t, c] if keep else -np.inf
+    for t in prange(q.shape[0]):
+        _topk_row(t, q, base, pos, cell_pos, lo, hi, topk, block, local, out)
 
 
-@njit(cache=True, parallel=True)
-def refresh_block_bounds(keys, cell_pos, blocks, block, lo, hi):
-    """lo[b], hi[b] = the elementwise min and max of keys (N, W) (f32, or f16 bits as uint16)
-    over the occupied cells (cell_pos ≥ 0) of each block b in `blocks`; zeros for an empty block."""
+@njit(fastmath=FAST, cache=True)
+def block_topk_mask_serial(q, base, pos, cell_pos, lo, hi, topk, block, local, out):
+    """block_topk_mask for a decoded row or two: one thread (waking the pool costs more)."""
+    for t in range(q.shape[0]):
+        _topk_row(t, q, base, pos, cell_pos, lo, hi, topk, block, local, out)
+
+
+@njit(cache=True)
+def refresh_block_bounds(keys, cell_pos, seen_pos, stale, block, n_blocks, lo, hi):
+    """Bring the block bounds lo, hi (n_blocks_total, W) of one stream up to date: a block is
+    stale when marked so (a key write) or when one of its cells changed position since
+    `seen_pos` (an edit, a shift, eviction); each stale block among the first n_blocks gets the
+    elementwise min and max of keys (N, W) (f32, or f16 bits as uint16) over its occupied cells
+    (cell_pos ≥ 0), zeros when it has none. seen_pos and stale are updated in place."""
     N, W = keys.shape
-    for i in prange(len(blocks)):
-        b = blocks[i]
+    for c in range(N):
+        if cell_pos[c] != seen_pos[c]:
+            stale[c // block] = True
+            seen_pos[c] = cell_pos[c]
+    for b in range(n_blocks):
+        if not stale[b]:
+            continue
+        stale[b] = False
         lo[b, :] = np.inf
         hi[b, :] = -np.inf
         empty = True

@@ -27,6 +27,9 @@ NEG_INF = np.float32(-np.inf)
 # at d2048, pp512 is 0.92x at d4096 (4608 cells, 4.2x the 1088 kept) and 1.44x at d8192.
 TOPK_AUTO_MIN_KV = 4096
 TOPK_AUTO_RATIO = 5
+# Query rows up to which the CPU selection runs on one thread (a decoded token: waking the
+# thread pool costs more than the row).
+FEW_ROWS_SERIAL = 2
 
 
 @dataclass
@@ -168,9 +171,9 @@ class BlockTopK:
         rows, n_kv = inp.base.shape
         lo, hi = inp.extra["bounds"].block_bounds(-(-n_kv // self.block))
         out = np.empty((rows, n_kv), dtype=np.float32)
-        akernels().block_topk_mask(np.ascontiguousarray(inp.q, dtype=np.float32),
-                                   np.ascontiguousarray(inp.base, dtype=np.float32), np.asarray(inp.pos),
-                                   np.asarray(inp.cell_pos), lo, hi, self.topk, self.block, self.local, out)
+        kernel = akernels().block_topk_mask if rows > FEW_ROWS_SERIAL else akernels().block_topk_mask_serial
+        kernel(np.ascontiguousarray(inp.q, dtype=np.float32), np.ascontiguousarray(inp.base, dtype=np.float32),
+               np.asarray(inp.pos), np.asarray(inp.cell_pos), lo, hi, self.topk, self.block, self.local, out)
         return out
 
     def _chosen_cells(self, inp: MaskInput, visible, far):
@@ -243,18 +246,17 @@ class BlockBounds:
         self.stale[np.asarray(streams), np.asarray(cells) // self.block] = True
 
     def refresh(self, st: int, store, cell_pos: np.ndarray, n_blocks: int) -> None:
+        if self.xp is np and store.qtype is None:  # f32/f16 rows read where they lie, in one call
+            from ..backend.cpu import akernels, cache_bits
+
+            akernels().refresh_block_bounds(cache_bits(store.data[st]), cell_pos, self.seen_pos[st], self.stale[st],
+                                            self.block, n_blocks, self.lo[st], self.hi[st])
+            return
         changed = np.flatnonzero(cell_pos != self.seen_pos[st])
         self.stale[st, changed // self.block] = True
         self.seen_pos[st] = cell_pos
         blocks = np.flatnonzero(self.stale[st, :n_blocks])
         if not len(blocks):
-            return
-        if self.xp is np and store.qtype is None:  # f32/f16 rows read where they lie
-            from ..backend.cpu import akernels, cache_bits
-
-            akernels().refresh_block_bounds(cache_bits(store.data[st]), cell_pos, blocks, self.block,
-                                            self.lo[st], self.hi[st])
-            self.stale[st, blocks] = False
             return
         cells = (blocks[:, None] * self.block + np.arange(self.block)).reshape(-1)
         inside = cells < self.kv_size
