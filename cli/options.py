@@ -24,10 +24,11 @@ CacheTypeK = Annotated[Optional[str], typer.Option("-ctk", "--cache-type-k", hel
 CacheTypeV = Annotated[Optional[str], typer.Option("-ctv", "--cache-type-v", help=f"V cache type: {_CACHE_HELP}")]
 Backend = Annotated[str, typer.Option("--backend", help="compute backend: cpu (cuda with CuPy)")]
 Attn = Annotated[str, typer.Option("--attn", help="attention where masks are sparse: auto|dense|sparse")]
+SPARSE = SparseParams()  # the defaults of --sparse-block, --sparse-local and --sparse-layers
 SparseTopk = Annotated[int, typer.Option("--sparse-topk", help="block top-k: keep each query's best blocks up to K cells (0: dense)")]
 SparseBlock = Annotated[int, typer.Option("--sparse-block", help="cells per block of --sparse-topk (a power of two)")]
-SparseLocal = Annotated[int, typer.Option("--sparse-local", help="last positions --sparse-topk always keeps (<= K)")]
-SparseLayers = Annotated[str, typer.Option("--sparse-layers", help="layers that select: '2-' (default), 'all', '0,4-9'")]
+SparseLocal = Annotated[int, typer.Option("--sparse-local", help="last positions --sparse-topk always keeps (<= K; -1: min(128, K))")]
+SparseLayers = Annotated[str, typer.Option("--sparse-layers", help="layers that select: '2-', 'all', '0,4-9', 'none'")]
 Numerics = Annotated[str, typer.Option("--numerics", help="f32 | ggml (matmul activations rounded as ggml-cpu does)")]
 
 

@@ -154,7 +154,7 @@ def llm(*args):
 
 @pytest.mark.parametrize("args, fragment", [
     (["--sparse-topk", "-64"], "--sparse-topk must be 0 (dense) or a positive number"),
-    (["--sparse-topk", "100"], "is not a multiple of --sparse-block 32"),
+    (["--sparse-topk", "100"], "is not a multiple of --sparse-block 16"),
     (["--sparse-topk", "96", "--sparse-block", "48"], "--sparse-block must be a power of two"),
     (["--sparse-topk", "64", "--sparse-local", "128"], "--sparse-local 128 must be between 0 and --sparse-topk 64"),
     (["--sparse-topk", "64", "--sparse-layers", "9-"], "names none of gemma3's full-attention layers"),

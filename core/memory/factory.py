@@ -106,8 +106,8 @@ def mask_producers(spec: MemorySpec, p: MemoryParams) -> dict[int, MaskProducer]
     sp = p.sparse
     if not sp.topk:
         return {}
-    min_kv = max(TOPK_AUTO_MIN_KV, TOPK_AUTO_RATIO * (sp.topk + sp.local)) if p.attn == "auto" else 0
-    topk = BlockTopK(sp.topk, sp.block, sp.local, min_kv)
+    min_kv = max(TOPK_AUTO_MIN_KV, TOPK_AUTO_RATIO * (sp.topk + sp.n_local)) if p.attn == "auto" else 0
+    topk = BlockTopK(sp.topk, sp.block, sp.n_local, min_kv)
     return {il: topk for il, layer in spec.of(AttnSpec).items() if layer.window == 0 and sp.selects(il)}
 
 
