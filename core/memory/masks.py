@@ -23,8 +23,8 @@ import numpy as np
 NEG_INF = np.float32(-np.inf)
 # --attn auto applies a top-k selection only where a group attends this many cells or more, and
 # at least TOPK_AUTO_RATIO times the cells the selection keeps. Measured with
-# scripts/sparse_speed.py -d 2048,4096,8192 -k 0,1024 (docs/sparse-attention.md): K = 1024 is even
-# at d2048, pp512 is 0.92x at d4096 (4608 cells, 4.2x the 1088 kept) and 1.44x at d8192.
+# scripts/sparse_speed.py -d 2048,4096,8192 -k 0,1024 (docs/sparse-attention.md): pp512 with
+# K = 1024 is 0.80x dense at d2048, 0.99x at d4096 (4608 cells, 4x the 1152 kept), 1.32x at d8192.
 TOPK_AUTO_MIN_KV = 4096
 TOPK_AUTO_RATIO = 5
 # Query rows up to which the CPU selection runs on one thread (a decoded token: waking the
