@@ -60,42 +60,100 @@ def fast_exp(x):
     return e if x > np.float32(-87.3) else np.float32(0)
 
 
+@njit(fastmath=FAST, cache=True)
+def rms_norm_rows(x, weight, eps, out):
+    """out = x / sqrt(mean(x²) + eps) for each row of x (R, d), then times weight[r % W] when
+    weight (W, d) has rows. The sum of squares is taken in float64, as ggml takes it. One
+    thread: a decoded row is too small to share, and a prompt's rows take microseconds."""
+    R, d = x.shape
+    W = weight.shape[0]
+    for r in range(R):
+        total = 0.0
+        for j in range(d):
+            v = x[r, j]
+            total += np.float64(v * v)
+        scale = np.float32(1) / np.sqrt(np.float32(total / d) + eps)
+        if W == 0:
+            for j in range(d):
+                out[r, j] = x[r, j] * scale
+        else:
+            w = weight[r % W]
+            for j in range(d):
+                out[r, j] = (x[r, j] * scale) * w[j]
+
+
+@njit(fastmath=FAST, inline="always")
+def _swiglu_row(h, out, i):
+    n_ff = out.shape[1]
+    for j in range(n_ff):
+        x = h[i, j]
+        out[i, j] = x / (np.float32(1) + fast_exp(-x)) * h[i, n_ff + j]
+
+
+@njit(fastmath=FAST, inline="always")
+def _geglu_row(h, out, i):
+    """0.5·x·(1 + tanh(u)) written x / (1 + e^(-2u)): one exp and no tanh."""
+    n_ff = out.shape[1]
+    for j in range(n_ff):
+        x = h[i, j]
+        u = np.float32(0.7978845608028654) * x * (np.float32(1) + np.float32(0.044715) * x * x)
+        out[i, j] = x / (np.float32(1) + fast_exp(np.float32(-2) * u)) * h[i, n_ff + j]
+
+
+@njit(fastmath=FAST, inline="always")
+def _rope_row(x, cos, sin, neox, out, t):
+    n, n_head, d = x.shape
+    half = cos.shape[1]
+    for h in range(n_head):
+        out[t, h, 2 * half:] = x[t, h, 2 * half:]
+        for i in range(half):
+            a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
+            x0, x1 = x[t, h, a], x[t, h, b]
+            out[t, h, a] = x0 * cos[t, i] - x1 * sin[t, i]
+            out[t, h, b] = x0 * sin[t, i] + x1 * cos[t, i]
+
+
+# Each row op has a parallel kernel for prompts and a serial one for a few rows: waking numba's
+# threads costs a few microseconds a call, more than a decoded row's work.
+
 @njit(fastmath=FAST, cache=True, parallel=True)
 def swiglu_rows(h, out):
     """out = silu(gate)·up for h = [gate | up] (n, 2·n_ff), C-contiguous; out (n, n_ff)."""
-    n_ff = out.shape[1]
     for i in prange(h.shape[0]):
-        for j in range(n_ff):
-            x = h[i, j]
-            out[i, j] = x / (np.float32(1) + fast_exp(-x)) * h[i, n_ff + j]
+        _swiglu_row(h, out, i)
+
+
+@njit(fastmath=FAST, cache=True)
+def swiglu_rows_serial(h, out):
+    for i in range(h.shape[0]):
+        _swiglu_row(h, out, i)
 
 
 @njit(fastmath=FAST, cache=True, parallel=True)
 def geglu_rows(h, out):
-    """out = gelu(gate)·up, GELU's tanh form, for h = [gate | up] (n, 2·n_ff); out (n, n_ff).
-    0.5·x·(1 + tanh(u)) is written x / (1 + e^(-2u)), one exp and no tanh."""
-    n_ff = out.shape[1]
+    """out = gelu(gate)·up, GELU's tanh form, for h = [gate | up] (n, 2·n_ff); out (n, n_ff)."""
     for i in prange(h.shape[0]):
-        for j in range(n_ff):
-            x = h[i, j]
-            u = np.float32(0.7978845608028654) * x * (np.float32(1) + np.float32(0.044715) * x * x)
-            out[i, j] = x / (np.float32(1) + fast_exp(np.float32(-2) * u)) * h[i, n_ff + j]
+        _geglu_row(h, out, i)
+
+
+@njit(fastmath=FAST, cache=True)
+def geglu_rows_serial(h, out):
+    for i in range(h.shape[0]):
+        _geglu_row(h, out, i)
 
 
 @njit(fastmath=FAST, cache=True, parallel=True)
 def rope_rows(x, cos, sin, neox, out):
     """out = x (n, heads, d) with its first 2·len(cos[0]) dims of each head rotated by the
     per-token angles: pairs (2i, 2i+1), or (i, i + n_rot/2) in NEOX mode; the rest copied."""
-    n, n_head, d = x.shape
-    half = cos.shape[1]
-    for t in prange(n):
-        for h in range(n_head):
-            out[t, h, 2 * half:] = x[t, h, 2 * half:]
-            for i in range(half):
-                a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
-                x0, x1 = x[t, h, a], x[t, h, b]
-                out[t, h, a] = x0 * cos[t, i] - x1 * sin[t, i]
-                out[t, h, b] = x0 * sin[t, i] + x1 * cos[t, i]
+    for t in prange(x.shape[0]):
+        _rope_row(x, cos, sin, neox, out, t)
+
+
+@njit(fastmath=FAST, cache=True)
+def rope_rows_serial(x, cos, sin, neox, out):
+    for t in range(x.shape[0]):
+        _rope_row(x, cos, sin, neox, out, t)
 
 
 def as_f32(x):
@@ -125,6 +183,73 @@ def kept_cells(mask):
     return cells[:, :max(1, count.max())], count
 
 
+@njit(cache=True)
+def _chunk_plan(mask, n_tasks, H, Dv):
+    """The kept cells of each row, cut into about n_tasks chunks, and each chunk's running max,
+    sum and weighted values per query row and head."""
+    cells, count = kept_cells(mask)
+    chunk = min(ATTN_CHUNK_MAX, max(ATTN_CHUNK_MIN, (cells.shape[1] + n_tasks - 1) // n_tasks))
+    n_chunks = (cells.shape[1] + chunk - 1) // chunk
+    T = mask.shape[0]
+    chunk_max = np.full((n_chunks, T, H), -np.inf, dtype=np.float32)
+    chunk_sum = np.zeros((n_chunks, T, H), dtype=np.float32)
+    chunk_acc = np.zeros((n_chunks, T, H, Dv), dtype=np.float32)
+    return cells, count, chunk, chunk_max, chunk_sum, chunk_acc
+
+
+@njit(fastmath=FAST, inline="always")
+def _attend_chunk(ci, chunk, q, k, v, mask, cells, count, scale, softcap, slopes, chunk_max, chunk_sum, chunk_acc):
+    T, H, D = q.shape
+    Dv = chunk_acc.shape[3]
+    Hkv = k.shape[1] // D
+    G = H // Hkv
+    s = np.empty((G, chunk), dtype=np.float32)
+    row = np.empty(max(D, Dv), dtype=np.float32)
+    m = np.empty(G, dtype=np.float32)
+    for t in range(T):
+        j0 = ci * chunk
+        j1 = min(count[t], j0 + chunk)
+        if j1 <= j0:
+            continue
+        for hk in range(Hkv):
+            m[:] = -np.inf
+            for j in range(j0, j1):  # scores, each K row widened once for the group
+                c = cells[t, j]
+                mk = mask[t, c]
+                for d in range(D):
+                    row[d] = as_f32(k[c, hk * D + d])
+                for g in range(G):
+                    acc = np.float32(0)
+                    for d in range(D):
+                        acc += q[t, hk * G + g, d] * row[d]
+                    x = acc * scale
+                    if softcap != 0:
+                        x = softcap * np.tanh(x / softcap)
+                    x += slopes[hk * G + g] * mk
+                    s[g, j - j0] = x
+                    m[g] = max(m[g], x)
+            for g in range(G):  # the chunk's softmax numerators and sums
+                if m[g] == -np.inf:
+                    s[g, :] = 0
+                    continue
+                total = np.float32(0)
+                for j in range(j1 - j0):
+                    p = fast_exp(s[g, j] - m[g])
+                    s[g, j] = p
+                    total += p
+                chunk_max[ci, t, hk * G + g] = m[g]
+                chunk_sum[ci, t, hk * G + g] = total
+            for j in range(j0, j1):  # weighted values, each V row widened once
+                c = cells[t, j]
+                for d in range(Dv):
+                    row[d] = as_f32(v[c, hk * Dv + d])
+                for g in range(G):
+                    p = s[g, j - j0]
+                    acc = chunk_acc[ci, t, hk * G + g]
+                    for d in range(Dv):
+                        acc[d] += p * row[d]
+
+
 @njit(fastmath=FAST, cache=True, parallel=True)
 def attend_rows(q, k, v, mask, scale, softcap, slopes, sinks, use_sinks, n_tasks, out):
     """out (T, H, Dv) = softmax(softcap(q·kᵀ·scale) + slope·mask)·v for q (T, H, D) f32 and cache
@@ -135,62 +260,18 @@ def attend_rows(q, k, v, mask, scale, softcap, slopes, sinks, use_sinks, n_tasks
     cut into chunks of `chunk` cells, so a sparse mask costs what it keeps and every task gets
     the same work however the kept cells lie: about `n_tasks` chunks, each of ATTN_CHUNK_MIN to
     ATTN_CHUNK_MAX cells."""
-    T, H, D = q.shape
-    Dv = out.shape[2]
-    Hkv = k.shape[1] // D
-    G = H // Hkv
-    cells, count = kept_cells(mask)
-    chunk = min(ATTN_CHUNK_MAX, max(ATTN_CHUNK_MIN, (cells.shape[1] + n_tasks - 1) // n_tasks))
-    n_chunks = (cells.shape[1] + chunk - 1) // chunk
-    chunk_max = np.full((n_chunks, T, H), -np.inf, dtype=np.float32)
-    chunk_sum = np.zeros((n_chunks, T, H), dtype=np.float32)
-    chunk_acc = np.zeros((n_chunks, T, H, Dv), dtype=np.float32)
-    for ci in prange(n_chunks):
-        s = np.empty((G, chunk), dtype=np.float32)
-        row = np.empty(max(D, Dv), dtype=np.float32)
-        m = np.empty(G, dtype=np.float32)
-        for t in range(T):
-            j0 = ci * chunk
-            j1 = min(count[t], j0 + chunk)
-            if j1 <= j0:
-                continue
-            for hk in range(Hkv):
-                m[:] = -np.inf
-                for j in range(j0, j1):  # scores, each K row widened once for the group
-                    c = cells[t, j]
-                    mk = mask[t, c]
-                    for d in range(D):
-                        row[d] = as_f32(k[c, hk * D + d])
-                    for g in range(G):
-                        acc = np.float32(0)
-                        for d in range(D):
-                            acc += q[t, hk * G + g, d] * row[d]
-                        x = acc * scale
-                        if softcap != 0:
-                            x = softcap * np.tanh(x / softcap)
-                        x += slopes[hk * G + g] * mk
-                        s[g, j - j0] = x
-                        m[g] = max(m[g], x)
-                for g in range(G):  # the chunk's softmax numerators and sums
-                    if m[g] == -np.inf:
-                        s[g, :] = 0
-                        continue
-                    total = np.float32(0)
-                    for j in range(j1 - j0):
-                        p = fast_exp(s[g, j] - m[g])
-                        s[g, j] = p
-                        total += p
-                    chunk_max[ci, t, hk * G + g] = m[g]
-                    chunk_sum[ci, t, hk * G + g] = total
-                for j in range(j0, j1):  # weighted values, each V row widened once
-                    c = cells[t, j]
-                    for d in range(Dv):
-                        row[d] = as_f32(v[c, hk * Dv + d])
-                    for g in range(G):
-                        p = s[g, j - j0]
-                        acc = chunk_acc[ci, t, hk * G + g]
-                        for d in range(Dv):
-                            acc[d] += p * row[d]
+    cells, count, chunk, chunk_max, chunk_sum, chunk_acc = _chunk_plan(mask, n_tasks, q.shape[1], out.shape[2])
+    for ci in prange(chunk_max.shape[0]):
+        _attend_chunk(ci, chunk, q, k, v, mask, cells, count, scale, softcap, slopes, chunk_max, chunk_sum, chunk_acc)
+    _merge_chunks(chunk_max, chunk_sum, chunk_acc, sinks, use_sinks, out)
+
+
+@njit(fastmath=FAST, cache=True)
+def attend_rows_serial(q, k, v, mask, scale, softcap, slopes, sinks, use_sinks, n_tasks, out):
+    """attend_rows on one thread, for short caches (one chunk)."""
+    cells, count, chunk, chunk_max, chunk_sum, chunk_acc = _chunk_plan(mask, n_tasks, q.shape[1], out.shape[2])
+    for ci in range(chunk_max.shape[0]):
+        _attend_chunk(ci, chunk, q, k, v, mask, cells, count, scale, softcap, slopes, chunk_max, chunk_sum, chunk_acc)
     _merge_chunks(chunk_max, chunk_sum, chunk_acc, sinks, use_sinks, out)
 
 

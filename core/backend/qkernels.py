@@ -1,14 +1,12 @@
 """CPU kernels over weights kept in their GGUF types, compiled with numba (cached on disk).
 
 A weight is its raw bytes as a `(n_out, row_bytes)` uint8 array. One block decoder per type
-writes a block's values as float32 with ggml's arithmetic. Per type, two kernels use it:
+writes a block's values as float32 with ggml's arithmetic. Per type, two kernels:
 
 - `MATVEC[type](w, x, out)`: `out[i, r] = x[i] · W[r]` for a few activation rows, parallel over
-  W's rows. A weight row (a few hundred bytes) is read from memory once and stays in L1 for the
-  other activation rows; it is never written out as float32. The dot keeps one partial sum per
-  position of a 32-value group (`lanes`), which LLVM turns into vector registers; the types the
-  real models use have the decode fused into the dot, the others decode a block into a buffer
-  first (about 4x slower).
+  W's rows; a weight row is read from memory once and never written out as float32. The block
+  types real models use have vector-coded row dots in vkernels.py; here remain the float rows
+  (converted a row at a time) and Q2_K/Q3_K (a block decoded into a buffer, then dotted).
 - `DEQUANT[type](w, rows, out)`: the rows `rows` of W as float32, parallel over rows: the tiles
   of a BLAS matmul for many activation rows, and embedding lookups. Exact (no fused
   multiply-add here), so the values equal `quants.dequantize` bit for bit.
@@ -23,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
+
+from . import vkernels
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 10, 11, 12, 13, 14, 30
@@ -228,120 +228,7 @@ def _dot_decoded(row, x, lanes, vals, decoder, run):
     return lanes.sum()
 
 
-@njit(inline="always")
-def _dot_q8_0(row, x, lanes):
-    q = row.view(np.int8)
-    lanes[:] = 0.0
-    for b in range(x.shape[0] // 32):
-        at = b * 34
-        d = half(row, at)
-        for j in range(32):
-            lanes[j] += d * (np.float32(q[at + 2 + j]) * x[b * 32 + j])
-    return lanes.sum()
-
-
-@njit(inline="always")
-def _dot_q4_0(row, x, lanes):
-    lanes[:] = 0.0
-    for b in range(x.shape[0] // 32):
-        at = b * 18
-        d = half(row, at)
-        for j in range(16):
-            q = _b(row, at + 2 + j)
-            lanes[j] += d * (np.float32((q & 15) - 8) * x[b * 32 + j])
-            lanes[j + 16] += d * (np.float32((q >> 4) - 8) * x[b * 32 + 16 + j])
-    return lanes.sum()
-
-
-@njit(inline="always")
-def _dot_q4_1(row, x, lanes):
-    lanes[:] = 0.0
-    for b in range(x.shape[0] // 32):
-        at = b * 20
-        d, m = half(row, at), half(row, at + 2)
-        for j in range(16):
-            q = _b(row, at + 4 + j)
-            lanes[j] += (d * np.float32(q & 15) + m) * x[b * 32 + j]
-            lanes[j + 16] += (d * np.float32(q >> 4) + m) * x[b * 32 + 16 + j]
-    return lanes.sum()
-
-
-@njit(inline="always")
-def _dot_q5_0(row, x, lanes):
-    lanes[:] = 0.0
-    for b in range(x.shape[0] // 32):
-        at = b * 22
-        d = half(row, at)
-        qh = _b(row, at + 2) | (_b(row, at + 3) << 8) | (_b(row, at + 4) << 16) | (_b(row, at + 5) << 24)
-        for j in range(16):
-            q = _b(row, at + 6 + j)
-            lo = (q & 15) | (((qh >> j) & 1) << 4)
-            hi = (q >> 4) | (((qh >> (j + 16)) & 1) << 4)
-            lanes[j] += d * (np.float32(lo - 16) * x[b * 32 + j])
-            lanes[j + 16] += d * (np.float32(hi - 16) * x[b * 32 + 16 + j])
-    return lanes.sum()
-
-
-@njit(inline="always")
-def _dot_q4_k(row, x, lanes):
-    lanes[:] = 0.0
-    for b in range(x.shape[0] // 256):
-        at = b * 144
-        d, dmin = half(row, at), half(row, at + 2)
-        for j in range(8):
-            sc, mn = _k_scale_min(row, at + 4, j)
-            scale, offset = d * sc, dmin * mn
-            qs, shift, base = at + 16 + (j // 2) * 32, 4 * (j % 2), b * 256 + j * 32
-            for ll in range(32):
-                lanes[ll] += (scale * np.float32((_b(row, qs + ll) >> shift) & 15) - offset) * x[base + ll]
-    return lanes.sum()
-
-
-@njit(inline="always")
-def _dot_q5_k(row, x, lanes):
-    lanes[:] = 0.0
-    for b in range(x.shape[0] // 256):
-        at = b * 176
-        d, dmin = half(row, at), half(row, at + 2)
-        for j in range(8):
-            sc, mn = _k_scale_min(row, at + 4, j)
-            scale, offset = d * sc, dmin * mn
-            qs, shift, base = at + 48 + (j // 2) * 32, 4 * (j % 2), b * 256 + j * 32
-            for ll in range(32):
-                q = ((_b(row, qs + ll) >> shift) & 15) | (((_b(row, at + 16 + ll) >> j) & 1) << 4)
-                lanes[ll] += (scale * np.float32(q) - offset) * x[base + ll]
-    return lanes.sum()
-
-
-@njit(inline="always")
-def _dot_q6_k(row, x, lanes):
-    lanes[:] = 0.0
-    for b in range(x.shape[0] // 256):
-        at = b * 210
-        d = half(row, at + 208)
-        for n in range(2):
-            ql, qh, sc = at + 64 * n, at + 128 + 32 * n, at + 192 + 8 * n
-            for k in range(4):
-                low_at, low_shift, base = ql + 32 * (k % 2), 4 * (k // 2), b * 256 + 128 * n + 32 * k
-                scale_lo = d * np.float32(np.int8(_b(row, sc + 2 * k)))
-                scale_hi = d * np.float32(np.int8(_b(row, sc + 1 + 2 * k)))
-                for ll in range(32):
-                    q = ((_b(row, low_at + ll) >> low_shift) & 15) | (((_b(row, qh + ll) >> (2 * k)) & 3) << 4)
-                    lanes[ll] += (scale_lo if ll < 16 else scale_hi) * np.float32(q - 32) * x[base + ll]
-    return lanes.sum()
-
-
 # ---- drivers ------------------------------------------------------------------------------------
-
-@njit(inline="always")
-def _matvec_fused(w, x, out, dot):
-    n_out = w.shape[0]
-    for c in prange((n_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        lanes = np.empty(32, dtype=np.float32)
-        for r in range(c * ROWS_PER_TASK, min((c + 1) * ROWS_PER_TASK, n_out)):
-            for i in range(x.shape[0]):
-                out[i, r] = dot(w[r], x[i], lanes)
-
 
 @njit(inline="always")
 def _matvec_decoded(w, x, out, decoder, run):
@@ -439,19 +326,9 @@ def dequant_bf16(w, rows, out):
     _dequant_floats(w, rows, out, _row_bf16)
 
 
-@njit(parallel=True, cache=True, fastmath=_FAST)
-def matvec_q4_0(w, x, out):
-    _matvec_fused(w, x, out, _dot_q4_0)
-
-
 @njit(cache=True)
 def dequant_q4_0(w, rows, out):
     _dequant(w, rows, out, _q4_0, 32)
-
-
-@njit(parallel=True, cache=True, fastmath=_FAST)
-def matvec_q4_1(w, x, out):
-    _matvec_fused(w, x, out, _dot_q4_1)
 
 
 @njit(cache=True)
@@ -459,29 +336,14 @@ def dequant_q4_1(w, rows, out):
     _dequant(w, rows, out, _q4_1, 32)
 
 
-@njit(parallel=True, cache=True, fastmath=_FAST)
-def matvec_q5_0(w, x, out):
-    _matvec_fused(w, x, out, _dot_q5_0)
-
-
 @njit(cache=True)
 def dequant_q5_0(w, rows, out):
     _dequant(w, rows, out, _q5_0, 32)
 
 
-@njit(parallel=True, cache=True, fastmath=_FAST)
-def matvec_q5_1(w, x, out):
-    _matvec_decoded(w, x, out, _q5_1, 32)
-
-
 @njit(cache=True)
 def dequant_q5_1(w, rows, out):
     _dequant(w, rows, out, _q5_1, 32)
-
-
-@njit(parallel=True, cache=True, fastmath=_FAST)
-def matvec_q8_0(w, x, out):
-    _matvec_fused(w, x, out, _dot_q8_0)
 
 
 @njit(cache=True)
@@ -509,19 +371,9 @@ def dequant_q3_k(w, rows, out):
     _dequant(w, rows, out, _q3_k, 256)
 
 
-@njit(parallel=True, cache=True, fastmath=_FAST)
-def matvec_q4_k(w, x, out):
-    _matvec_fused(w, x, out, _dot_q4_k)
-
-
 @njit(cache=True)
 def dequant_q4_k(w, rows, out):
     _dequant(w, rows, out, _q4_k, 256)
-
-
-@njit(parallel=True, cache=True, fastmath=_FAST)
-def matvec_q5_k(w, x, out):
-    _matvec_fused(w, x, out, _dot_q5_k)
 
 
 @njit(cache=True)
@@ -529,19 +381,13 @@ def dequant_q5_k(w, rows, out):
     _dequant(w, rows, out, _q5_k, 256)
 
 
-@njit(parallel=True, cache=True, fastmath=_FAST)
-def matvec_q6_k(w, x, out):
-    _matvec_fused(w, x, out, _dot_q6_k)
-
-
 @njit(cache=True)
 def dequant_q6_k(w, rows, out):
     _dequant(w, rows, out, _q6_k, 256)
 
 
-MATVEC = {F32: matvec_f32, F16: matvec_f16, BF16: matvec_bf16, Q4_0: matvec_q4_0, Q4_1: matvec_q4_1,
-          Q5_0: matvec_q5_0, Q5_1: matvec_q5_1, Q8_0: matvec_q8_0, Q2_K: matvec_q2_k, Q3_K: matvec_q3_k,
-          Q4_K: matvec_q4_k, Q5_K: matvec_q5_k, Q6_K: matvec_q6_k}
+MATVEC = {F32: matvec_f32, F16: matvec_f16, BF16: matvec_bf16, Q2_K: matvec_q2_k, Q3_K: matvec_q3_k,
+          **vkernels.MATVEC}
 DEQUANT = {F32: dequant_f32, F16: dequant_f16, BF16: dequant_bf16, Q4_0: dequant_q4_0, Q4_1: dequant_q4_1,
            Q5_0: dequant_q5_0, Q5_1: dequant_q5_1, Q8_0: dequant_q8_0, Q2_K: dequant_q2_k, Q3_K: dequant_q3_k,
            Q4_K: dequant_q4_k, Q5_K: dequant_q5_k, Q6_K: dequant_q6_k}

@@ -41,9 +41,14 @@ class QuantWeight:
             raise ValueError(f"stacked weights need one input size, not {sorted(n_in)}")
         return cls(tuple(p for w in weights for p in w.parts), n_in.pop())
 
+    def __post_init__(self):  # a decoded token asks for these some two hundred times
+        offsets = np.cumsum([0] + [p.n_out for p in self.parts]).tolist()
+        object.__setattr__(self, "_spans", tuple(zip(self.parts, offsets)))
+        object.__setattr__(self, "_shape", (offsets[-1], self.n_in))
+
     @property
     def shape(self) -> tuple[int, int]:
-        return sum(p.n_out for p in self.parts), self.n_in
+        return self._shape
 
     @property
     def nbytes(self) -> int:
@@ -53,12 +58,9 @@ class QuantWeight:
     def type_names(self) -> list[str]:
         return [GGMLQuantizationType(p.qtype).name for p in self.parts]
 
-    def spans(self):
+    def spans(self) -> tuple[tuple[WeightPart, int], ...]:
         """(part, first output column) for every part."""
-        offset = 0
-        for part in self.parts:
-            yield part, offset
-            offset += part.n_out
+        return self._spans
 
 
 @dataclass(frozen=True)

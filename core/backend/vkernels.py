@@ -1,0 +1,319 @@
+"""Fused mat-vec kernels for the block types real models use, written as LLVM vector code.
+
+numba compiles the block loops of qkernels.py into scalar code: LLVM cannot tell the weight bytes,
+the activations and the accumulators apart, so it either keeps every partial sum in memory or
+vectorizes across blocks and gathers bytes one by one (about 6 GB/s on Q4_1 here). The row dots in
+this file are numba intrinsics that emit the vector code themselves: one block per loop iteration,
+16-float vectors (LLVM lowers them to one AVX-512 register or two AVX2 ones), two accumulators
+held in registers, and one horizontal sum per row. The bytes are unpacked as ggml packs them;
+activations stay float32, so a dot differs from the exact sum only by float rounding.
+
+`MATVEC[type](w, x, out)` has qkernels.MATVEC's contract: `out[i, r] = x[i] · W[r]` for a few
+activation rows, parallel over W's rows. The drivers live in this file with the intrinsics because
+numba's disk cache only notices edits to the file that defines a cached function.
+"""
+
+from __future__ import annotations
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+F32, I8, I16, I32, I64 = ir.FloatType(), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+LANES = 16
+VF32, VI32, VI8 = ir.VectorType(F32, LANES), ir.VectorType(I32, LANES), ir.VectorType(I8, LANES)
+ROWS_PER_TASK = 32  # weight rows a worker takes at a time
+HALF_TO_FLOAT_SCALE = 5.192296858534828e33  # 2**112: moves a half's exponent bias to a float's
+# numba compiles for this machine's CPU: with F16C a half converts in one instruction, without it
+# LLVM would call a runtime helper numba may not link, so the conversion is done in integers.
+HAS_F16C = bool(llvm.get_host_cpu_features().get("f16c", False))
+
+
+class Block:
+    """Emits the IR for one block of one weight row: loads relative to the block's first byte
+    (`at`) and its first activation (`xo`), and the two accumulator updates every type is made
+    of: `dot` adds scale * (q · x), `offset` adds m * sum(x)."""
+
+    def __init__(self, builder: ir.IRBuilder, row, x, at, xo, acc, acc_offset):
+        self.b, self.row, self.x, self.at, self.xo = builder, row, x, at, xo
+        self.acc, self.acc_offset = acc, acc_offset
+
+    def const(self, value, ty=I32):
+        return ir.Constant(ty, value)
+
+    def _ptr(self, offset, ty):
+        return self.b.bitcast(self.b.gep(self.row, [self.b.add(self.at, self.const(offset, I64))]), ty.as_pointer())
+
+    def byte(self, offset):
+        """The byte at `offset` as an i32 (unsigned)."""
+        return self.b.zext(self.b.load(self._ptr(offset, I8)), I32)
+
+    def signed_byte(self, offset):
+        return self.b.sext(self.b.load(self._ptr(offset, I8)), I32)
+
+    def word(self, offset):
+        """A little-endian u32 (Q5's high bits)."""
+        return self.b.load(self._ptr(offset, I32), align=1)
+
+    def half(self, offset):
+        """The IEEE half at `offset` as a float. Without F16C: sign, exponent and mantissa moved
+        into a float's bits and rescaled by 2**112, exact for every finite half."""
+        raw = self.b.load(self._ptr(offset, I16), align=1)
+        if HAS_F16C:
+            return self.b.fpext(self.b.bitcast(raw, ir.HalfType()), F32)
+        h = self.b.zext(raw, I32)
+        bits = self.b.or_(self.b.shl(self.b.and_(h, self.const(0x8000)), self.const(16)),
+                          self.b.shl(self.b.and_(h, self.const(0x7FFF)), self.const(13)))
+        return self.b.fmul(self.b.bitcast(bits, F32), ir.Constant(F32, HALF_TO_FLOAT_SCALE))
+
+    def bytes(self, offset):
+        """16 bytes at `offset` as <16 x i32>, unsigned."""
+        return self.b.zext(self.b.load(self._ptr(offset, VI8), align=1), VI32)
+
+    def signed_bytes(self, offset):
+        return self.b.sext(self.b.load(self._ptr(offset, VI8), align=1), VI32)
+
+    def splat(self, value):
+        v = self.b.insert_element(ir.Constant(ir.VectorType(value.type, LANES), ir.Undefined), value, self.const(0))
+        return self.b.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), ir.Constant(VI32, [0] * LANES))
+
+    def lanes(self, values):
+        return ir.Constant(VI32, list(values))
+
+    def shr(self, v, bits):
+        return self.b.lshr(v, self.lanes([bits] * LANES) if isinstance(bits, int) else bits)
+
+    def mask(self, v, m):
+        return self.b.and_(v, self.lanes([m] * LANES))
+
+    def sub(self, v, k):
+        return self.b.sub(v, self.lanes([k] * LANES))
+
+    def or_(self, a, c):
+        return self.b.or_(a, c)
+
+    def shl(self, v, bits):
+        return self.b.shl(v, self.lanes([bits] * LANES))
+
+    def floats(self, v):
+        return self.b.sitofp(v, VF32)
+
+    def xs(self, offset):
+        """16 activations from x[xo + offset]."""
+        p = self.b.gep(self.x, [self.b.add(self.xo, self.const(offset, I64))])
+        return self.b.load(self.b.bitcast(p, VF32.as_pointer()), align=4)
+
+    def fma(self, a, c, d):
+        fn = cgutils.get_or_insert_function(self.b.module, ir.FunctionType(VF32, [VF32] * 3), "llvm.fma.v16f32")
+        return self.b.call(fn, [a, c, d])
+
+    def dot(self, scale, terms):
+        """acc += scale * sum(q_i * x[offset_i:offset_i + 16]) for terms (q_i as <16 x i32>, offset_i)."""
+        total = None
+        for q, offset in terms:
+            qf, xv = self.floats(q), self.xs(offset)
+            total = self.b.fmul(qf, xv) if total is None else self.fma(qf, xv, total)
+        self.b.store(self.fma(self.splat(scale), total, self.b.load(self.acc)), self.acc)
+
+    def offset(self, m, offsets):
+        """acc_offset += m * sum(x[offset_i:offset_i + 16])."""
+        total = None
+        for offset in offsets:
+            xv = self.xs(offset)
+            total = xv if total is None else self.b.fadd(total, xv)
+        self.b.store(self.fma(self.splat(m), total, self.b.load(self.acc_offset)), self.acc_offset)
+
+
+def _reduce(builder: ir.IRBuilder, v):
+    n = v.type.count
+    while n > 1:
+        n //= 2
+        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(n))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(n, 2 * n))))
+        v = builder.fadd(lo, hi)
+    return builder.extract_element(v, ir.Constant(I32, 0))
+
+
+def row_dot(block_bytes: int, block_values: int, emit_block):
+    """A numba intrinsic `dot(row, x) -> float32`: one weight row's blocks (C-contiguous uint8)
+    against one activation row (C-contiguous float32); `emit_block(Block)` emits one block."""
+
+    @intrinsic
+    def dot(typingctx, row, x):
+        if not (isinstance(row, types.Array) and row.dtype == types.uint8 and row.layout == "C"
+                and isinstance(x, types.Array) and x.dtype == types.float32 and x.layout == "C"):
+            return None
+
+        def codegen(context, builder, signature, args):
+            row_arr = context.make_array(signature.args[0])(context, builder, args[0])
+            x_arr = context.make_array(signature.args[1])(context, builder, args[1])
+            n_blocks = builder.udiv(builder.extract_value(x_arr.shape, 0), ir.Constant(I64, block_values))
+            acc = cgutils.alloca_once_value(builder, ir.Constant(VF32, None))
+            acc_offset = cgutils.alloca_once_value(builder, ir.Constant(VF32, None))
+            with cgutils.for_range(builder, n_blocks) as loop:
+                at = builder.mul(loop.index, ir.Constant(I64, block_bytes))
+                xo = builder.mul(loop.index, ir.Constant(I64, block_values))
+                emit_block(Block(builder, row_arr.data, x_arr.data, at, xo, acc, acc_offset))
+            return _reduce(builder, builder.fadd(builder.load(acc), builder.load(acc_offset)))
+
+        return types.float32(row, x), codegen
+
+    return dot
+
+
+# ---- one block of each type, as ggml packs it -----------------------------------------------------
+
+def _nibbles(e: Block, offset):
+    q = e.bytes(offset)
+    return e.mask(q, 15), e.shr(q, 4)
+
+
+def _q4_0(e: Block):
+    lo, hi = _nibbles(e, 2)
+    e.dot(e.half(0), [(e.sub(lo, 8), 0), (e.sub(hi, 8), 16)])
+
+
+def _q4_1(e: Block):
+    lo, hi = _nibbles(e, 4)
+    e.dot(e.half(0), [(lo, 0), (hi, 16)])
+    e.offset(e.half(2), [0, 16])
+
+
+def _q5_high_bits(e: Block, offset):
+    """The fifth bits of values 0-15 and 16-31, already shifted to bit 4."""
+    qh = e.splat(e.word(offset))
+    lo = e.shl(e.mask(e.shr(qh, e.lanes(range(16))), 1), 4)
+    hi = e.shl(e.mask(e.shr(qh, e.lanes(range(16, 32))), 1), 4)
+    return lo, hi
+
+
+def _q5_0(e: Block):
+    lo, hi = _nibbles(e, 6)
+    lo_bit, hi_bit = _q5_high_bits(e, 2)
+    e.dot(e.half(0), [(e.sub(e.or_(lo, lo_bit), 16), 0), (e.sub(e.or_(hi, hi_bit), 16), 16)])
+
+
+def _q5_1(e: Block):
+    lo, hi = _nibbles(e, 8)
+    lo_bit, hi_bit = _q5_high_bits(e, 4)
+    e.dot(e.half(0), [(e.or_(lo, lo_bit), 0), (e.or_(hi, hi_bit), 16)])
+    e.offset(e.half(2), [0, 16])
+
+
+def _q8_0(e: Block):
+    e.dot(e.half(0), [(e.signed_bytes(2), 0), (e.signed_bytes(18), 16)])
+
+
+def _k_scale_min(e: Block, j: int):
+    """Sub-block j's 6-bit scale and min from Q4_K/Q5_K's 12 packed bytes at offset 4, as floats."""
+    b = e.b
+    if j < 4:
+        sc, mn = b.and_(e.byte(4 + j), e.const(63)), b.and_(e.byte(8 + j), e.const(63))
+    else:
+        high = e.byte(8 + j)
+        sc = b.or_(b.and_(high, e.const(15)), b.shl(b.lshr(e.byte(j), e.const(6)), e.const(4)))
+        mn = b.or_(b.lshr(high, e.const(4)), b.shl(b.lshr(e.byte(4 + j), e.const(6)), e.const(4)))
+    return b.sitofp(sc, F32), b.sitofp(mn, F32)
+
+
+def _k_sub_blocks(e: Block, qs_at: int, qh_at: int | None):
+    """Q4_K and Q5_K: 8 sub-blocks of 32 values, value = d * scale * q - dmin * min."""
+    b = e.b
+    d, dmin = e.half(0), e.half(2)
+    for j in range(8):
+        sc, mn = _k_scale_min(e, j)
+        qs, shift = qs_at + (j // 2) * 32, 4 * (j % 2)
+        terms = []
+        for h in (0, 16):
+            q = e.mask(e.shr(e.bytes(qs + h), shift), 15)
+            if qh_at is not None:
+                q = e.or_(q, e.shl(e.mask(e.shr(e.bytes(qh_at + h), j), 1), 4))
+            terms.append((q, 32 * j + h))
+        e.dot(b.fmul(d, sc), terms)
+        e.offset(b.fneg(b.fmul(dmin, mn)), [32 * j, 32 * j + 16])
+
+
+def _q4_k(e: Block):
+    _k_sub_blocks(e, 16, None)
+
+
+def _q5_k(e: Block):
+    _k_sub_blocks(e, 48, 16)
+
+
+def _q6_k(e: Block):
+    """Two halves of 128 values; each 16 values have their own int8 scale."""
+    d = e.half(208)
+    for n in range(2):
+        for k in range(4):
+            for h in range(2):
+                low = e.mask(e.shr(e.bytes(64 * n + 32 * (k % 2) + 16 * h), 4 * (k // 2)), 15)
+                high = e.shl(e.mask(e.shr(e.bytes(128 + 32 * n + 16 * h), 2 * k), 3), 4)
+                scale = e.b.fmul(d, e.b.sitofp(e.signed_byte(192 + 8 * n + 2 * k + h), F32))
+                e.dot(scale, [(e.sub(e.or_(low, high), 32), 128 * n + 32 * k + 16 * h)])
+
+
+dot_q4_0 = row_dot(18, 32, _q4_0)
+dot_q4_1 = row_dot(20, 32, _q4_1)
+dot_q5_0 = row_dot(22, 32, _q5_0)
+dot_q5_1 = row_dot(24, 32, _q5_1)
+dot_q8_0 = row_dot(34, 32, _q8_0)
+dot_q4_k = row_dot(144, 256, _q4_k)
+dot_q5_k = row_dot(176, 256, _q5_k)
+dot_q6_k = row_dot(210, 256, _q6_k)
+
+
+@njit(inline="always")
+def _matvec(w, x, out, dot):
+    n_out = w.shape[0]
+    for c in prange((n_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        for r in range(c * ROWS_PER_TASK, min((c + 1) * ROWS_PER_TASK, n_out)):
+            for i in range(x.shape[0]):
+                out[i, r] = dot(w[r], x[i])
+
+
+@njit(parallel=True, cache=True)
+def matvec_q4_0(w, x, out):
+    _matvec(w, x, out, dot_q4_0)
+
+
+@njit(parallel=True, cache=True)
+def matvec_q4_1(w, x, out):
+    _matvec(w, x, out, dot_q4_1)
+
+
+@njit(parallel=True, cache=True)
+def matvec_q5_0(w, x, out):
+    _matvec(w, x, out, dot_q5_0)
+
+
+@njit(parallel=True, cache=True)
+def matvec_q5_1(w, x, out):
+    _matvec(w, x, out, dot_q5_1)
+
+
+@njit(parallel=True, cache=True)
+def matvec_q8_0(w, x, out):
+    _matvec(w, x, out, dot_q8_0)
+
+
+@njit(parallel=True, cache=True)
+def matvec_q4_k(w, x, out):
+    _matvec(w, x, out, dot_q4_k)
+
+
+@njit(parallel=True, cache=True)
+def matvec_q5_k(w, x, out):
+    _matvec(w, x, out, dot_q5_k)
+
+
+@njit(parallel=True, cache=True)
+def matvec_q6_k(w, x, out):
+    _matvec(w, x, out, dot_q6_k)
+
+
+# ggml type ids
+MATVEC = {2: matvec_q4_0, 3: matvec_q4_1, 6: matvec_q5_0, 7: matvec_q5_1, 8: matvec_q8_0,
+          12: matvec_q4_k, 13: matvec_q5_k, 14: matvec_q6_k}
