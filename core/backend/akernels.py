@@ -199,55 +199,58 @@ def _chunk_plan(mask, n_tasks, H, Dv):
 
 @njit(fastmath=FAST, inline="always")
 def _attend_chunk(ci, chunk, q, k, v, mask, cells, count, scale, softcap, slopes, chunk_max, chunk_sum, chunk_acc):
+    """One chunk of every row: scores, the chunk's softmax numerators, weighted values. Cells are
+    walked in order and each K and V row is read whole (every KV head) before the next: a long
+    cache streams from memory sequentially, and a row is widened once for its query heads."""
     T, H, D = q.shape
     Dv = chunk_acc.shape[3]
     Hkv = k.shape[1] // D
     G = H // Hkv
-    s = np.empty((G, chunk), dtype=np.float32)
+    s = np.empty((H, chunk), dtype=np.float32)
     row = np.empty(max(D, Dv), dtype=np.float32)
-    m = np.empty(G, dtype=np.float32)
+    m = np.empty(H, dtype=np.float32)
     for t in range(T):
         j0 = ci * chunk
         j1 = min(count[t], j0 + chunk)
         if j1 <= j0:
             continue
-        for hk in range(Hkv):
-            m[:] = -np.inf
-            for j in range(j0, j1):  # scores, each K row widened once for the group
-                c = cells[t, j]
-                mk = mask[t, c]
+        m[:] = -np.inf
+        for j in range(j0, j1):  # scores
+            c = cells[t, j]
+            mk = mask[t, c]
+            for hk in range(Hkv):
                 for d in range(D):
                     row[d] = as_f32(k[c, hk * D + d])
-                for g in range(G):
+                for h in range(hk * G, hk * G + G):
                     acc = np.float32(0)
                     for d in range(D):
-                        acc += q[t, hk * G + g, d] * row[d]
+                        acc += q[t, h, d] * row[d]
                     x = acc * scale
                     if softcap != 0:
                         x = softcap * np.tanh(x / softcap)
-                    x += slopes[hk * G + g] * mk
-                    s[g, j - j0] = x
-                    m[g] = max(m[g], x)
-            for g in range(G):  # the chunk's softmax numerators and sums
-                if m[g] == -np.inf:
-                    s[g, :] = 0
-                    continue
-                total = np.float32(0)
-                for j in range(j1 - j0):
-                    p = fast_exp(s[g, j] - m[g])
-                    s[g, j] = p
-                    total += p
-                chunk_max[ci, t, hk * G + g] = m[g]
-                chunk_sum[ci, t, hk * G + g] = total
-            for j in range(j0, j1):  # weighted values, each V row widened once
-                c = cells[t, j]
+                    x += slopes[h] * mk
+                    s[h, j - j0] = x
+                    m[h] = max(m[h], x)
+        for h in range(H):  # the chunk's softmax numerators and sums
+            if m[h] == -np.inf:
+                s[h, :] = 0
+                continue
+            total = np.float32(0)
+            for j in range(j1 - j0):
+                p = fast_exp(s[h, j] - m[h])
+                s[h, j] = p
+                total += p
+            chunk_max[ci, t, h] = m[h]
+            chunk_sum[ci, t, h] = total
+        for j in range(j0, j1):  # weighted values
+            c = cells[t, j]
+            for hk in range(Hkv):
                 for d in range(Dv):
                     row[d] = as_f32(v[c, hk * Dv + d])
-                for g in range(G):
-                    p = s[g, j - j0]
-                    acc = chunk_acc[ci, t, hk * G + g]
+                for h in range(hk * G, hk * G + G):
+                    p = s[h, j - j0]
                     for d in range(Dv):
-                        acc[d] += p * row[d]
+                        chunk_acc[ci, t, h, d] += p * row[d]
 
 
 @njit(fastmath=FAST, cache=True, parallel=True)

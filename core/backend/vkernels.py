@@ -16,6 +16,7 @@ numba's disk cache only notices edits to the file that defines a cached function
 from __future__ import annotations
 
 import llvmlite.binding as llvm
+import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
@@ -33,11 +34,13 @@ HAS_F16C = bool(llvm.get_host_cpu_features().get("f16c", False))
 
 class Block:
     """Emits the IR for one block of one weight row: loads relative to the block's first byte
-    (`at`) and its first activation (`xo`), and the two accumulator updates every type is made
-    of: `dot` adds scale * (q · x), `offset` adds m * sum(x)."""
+    (`at`), its first activation (`xo`) and its first 32-value sum of the activations (`so`),
+    and the two accumulator updates every type is made of: `dot` adds scale * (q · x) to a
+    vector, `offset` adds m * sum(x) to a scalar (the sums are taken once per activation row,
+    not once per weight row)."""
 
-    def __init__(self, builder: ir.IRBuilder, row, x, at, xo, acc, acc_offset):
-        self.b, self.row, self.x, self.at, self.xo = builder, row, x, at, xo
+    def __init__(self, builder: ir.IRBuilder, row, x, sums, at, xo, so, acc, acc_offset):
+        self.b, self.row, self.x, self.sums, self.at, self.xo, self.so = builder, row, x, sums, at, xo, so
         self.acc, self.acc_offset = acc, acc_offset
 
     def const(self, value, ty=I32):
@@ -110,20 +113,25 @@ class Block:
         return self.b.call(fn, [a, c, d])
 
     def dot(self, scale, terms):
-        """acc += scale * sum(q_i * x[offset_i:offset_i + 16]) for terms (q_i as <16 x i32>, offset_i)."""
+        """acc += scale * sum(q_i * x[offset_i:offset_i + 16]) for terms (q_i as <16 x i32> or
+        <16 x float>, offset_i)."""
         total = None
         for q, offset in terms:
-            qf, xv = self.floats(q), self.xs(offset)
+            qf, xv = (q if q.type == VF32 else self.floats(q)), self.xs(offset)
             total = self.b.fmul(qf, xv) if total is None else self.fma(qf, xv, total)
         self.b.store(self.fma(self.splat(scale), total, self.b.load(self.acc)), self.acc)
 
-    def offset(self, m, offsets):
-        """acc_offset += m * sum(x[offset_i:offset_i + 16])."""
-        total = None
-        for offset in offsets:
-            xv = self.xs(offset)
-            total = xv if total is None else self.b.fadd(total, xv)
-        self.b.store(self.fma(self.splat(m), total, self.b.load(self.acc_offset)), self.acc_offset)
+    def offset(self, terms):
+        """acc_offset += sum(m_i * sum(x of the block's 32-value group g_i)) for terms (m_i, g_i),
+        added as a tree (K blocks have eight)."""
+        products = []
+        for m, group in terms:
+            p = self.b.gep(self.sums, [self.b.add(self.so, self.const(group, I64))])
+            products.append(self.b.fmul(m, self.b.load(p)))
+        while len(products) > 1:
+            products = [self.b.fadd(*products[i:i + 2]) if i + 1 < len(products) else products[i]
+                        for i in range(0, len(products), 2)]
+        self.b.store(self.b.fadd(self.b.load(self.acc_offset), products[0]), self.acc_offset)
 
 
 def _reduce(builder: ir.IRBuilder, v):
@@ -136,29 +144,33 @@ def _reduce(builder: ir.IRBuilder, v):
     return builder.extract_element(v, ir.Constant(I32, 0))
 
 
+def _contiguous(a, dtype) -> bool:
+    return isinstance(a, types.Array) and a.dtype == dtype and a.layout == "C"
+
+
 def row_dot(block_bytes: int, block_values: int, emit_block):
-    """A numba intrinsic `dot(row, x) -> float32`: one weight row's blocks (C-contiguous uint8)
-    against one activation row (C-contiguous float32); `emit_block(Block)` emits one block."""
+    """A numba intrinsic `dot(row, x, sums) -> float32`: one weight row's blocks (C-contiguous
+    uint8) against one activation row (C-contiguous float32) whose 32-value groups sum to `sums`
+    (read only by types with an offset); `emit_block(Block)` emits one block."""
 
     @intrinsic
-    def dot(typingctx, row, x):
-        if not (isinstance(row, types.Array) and row.dtype == types.uint8 and row.layout == "C"
-                and isinstance(x, types.Array) and x.dtype == types.float32 and x.layout == "C"):
+    def dot(typingctx, row, x, sums):
+        if not (_contiguous(row, types.uint8) and _contiguous(x, types.float32) and _contiguous(sums, types.float32)):
             return None
 
         def codegen(context, builder, signature, args):
-            row_arr = context.make_array(signature.args[0])(context, builder, args[0])
-            x_arr = context.make_array(signature.args[1])(context, builder, args[1])
+            row_arr, x_arr, sums_arr = (context.make_array(t)(context, builder, a) for t, a in zip(signature.args, args))
             n_blocks = builder.udiv(builder.extract_value(x_arr.shape, 0), ir.Constant(I64, block_values))
             acc = cgutils.alloca_once_value(builder, ir.Constant(VF32, None))
-            acc_offset = cgutils.alloca_once_value(builder, ir.Constant(VF32, None))
+            acc_offset = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
             with cgutils.for_range(builder, n_blocks) as loop:
                 at = builder.mul(loop.index, ir.Constant(I64, block_bytes))
                 xo = builder.mul(loop.index, ir.Constant(I64, block_values))
-                emit_block(Block(builder, row_arr.data, x_arr.data, at, xo, acc, acc_offset))
-            return _reduce(builder, builder.fadd(builder.load(acc), builder.load(acc_offset)))
+                so = builder.mul(loop.index, ir.Constant(I64, block_values // 32))
+                emit_block(Block(builder, row_arr.data, x_arr.data, sums_arr.data, at, xo, so, acc, acc_offset))
+            return builder.fadd(_reduce(builder, builder.load(acc)), builder.load(acc_offset))
 
-        return types.float32(row, x), codegen
+        return types.float32(row, x, sums), codegen
 
     return dot
 
@@ -171,35 +183,42 @@ def _nibbles(e: Block, offset):
 
 
 def _q4_0(e: Block):
+    """d·(q - 8)·x taken as d·(q·x) - 8d·sum(x): the subtraction leaves the vector loop."""
     lo, hi = _nibbles(e, 2)
-    e.dot(e.half(0), [(e.sub(lo, 8), 0), (e.sub(hi, 8), 16)])
+    d = e.half(0)
+    e.dot(d, [(lo, 0), (hi, 16)])
+    e.offset([(e.b.fmul(d, ir.Constant(F32, -8.0)), 0)])
 
 
 def _q4_1(e: Block):
     lo, hi = _nibbles(e, 4)
     e.dot(e.half(0), [(lo, 0), (hi, 16)])
-    e.offset(e.half(2), [0, 16])
+    e.offset([(e.half(2), 0)])
 
 
-def _q5_high_bits(e: Block, offset):
-    """The fifth bits of values 0-15 and 16-31, already shifted to bit 4."""
-    qh = e.splat(e.word(offset))
-    lo = e.shl(e.mask(e.shr(qh, e.lanes(range(16))), 1), 4)
-    hi = e.shl(e.mask(e.shr(qh, e.lanes(range(16, 32))), 1), 4)
-    return lo, hi
+def _with_fifth_bits(e: Block, qh_at, lo, hi):
+    """Nibbles of values 0-15 and 16-31 with their fifth bits (the u32 at qh_at) set: each half
+    of the word becomes a 16-lane mask, selecting nibble | 16 (AVX-512 does it as a masked or)."""
+    qh = e.word(qh_at)
+    out = []
+    for nibbles, shift in ((lo, 0), (hi, 16)):
+        bits = e.b.bitcast(e.b.trunc(e.b.lshr(qh, e.const(shift)), I16), ir.VectorType(ir.IntType(1), LANES))
+        out.append(e.b.select(bits, e.or_(nibbles, e.lanes([16] * LANES)), nibbles))
+    return out
 
 
 def _q5_0(e: Block):
-    lo, hi = _nibbles(e, 6)
-    lo_bit, hi_bit = _q5_high_bits(e, 2)
-    e.dot(e.half(0), [(e.sub(e.or_(lo, lo_bit), 16), 0), (e.sub(e.or_(hi, hi_bit), 16), 16)])
+    """d·(q - 16)·x taken as d·(q·x) - 16d·sum(x)."""
+    lo, hi = _with_fifth_bits(e, 2, *_nibbles(e, 6))
+    d = e.half(0)
+    e.dot(d, [(lo, 0), (hi, 16)])
+    e.offset([(e.b.fmul(d, ir.Constant(F32, -16.0)), 0)])
 
 
 def _q5_1(e: Block):
-    lo, hi = _nibbles(e, 8)
-    lo_bit, hi_bit = _q5_high_bits(e, 4)
-    e.dot(e.half(0), [(e.or_(lo, lo_bit), 0), (e.or_(hi, hi_bit), 16)])
-    e.offset(e.half(2), [0, 16])
+    lo, hi = _with_fifth_bits(e, 4, *_nibbles(e, 8))
+    e.dot(e.half(0), [(lo, 0), (hi, 16)])
+    e.offset([(e.half(2), 0)])
 
 
 def _q8_0(e: Block):
@@ -222,6 +241,7 @@ def _k_sub_blocks(e: Block, qs_at: int, qh_at: int | None):
     """Q4_K and Q5_K: 8 sub-blocks of 32 values, value = d * scale * q - dmin * min."""
     b = e.b
     d, dmin = e.half(0), e.half(2)
+    mins = []
     for j in range(8):
         sc, mn = _k_scale_min(e, j)
         qs, shift = qs_at + (j // 2) * 32, 4 * (j % 2)
@@ -232,7 +252,8 @@ def _k_sub_blocks(e: Block, qs_at: int, qh_at: int | None):
                 q = e.or_(q, e.shl(e.mask(e.shr(e.bytes(qh_at + h), j), 1), 4))
             terms.append((q, 32 * j + h))
         e.dot(b.fmul(d, sc), terms)
-        e.offset(b.fneg(b.fmul(dmin, mn)), [32 * j, 32 * j + 16])
+        mins.append((b.fneg(b.fmul(dmin, mn)), j))
+    e.offset(mins)
 
 
 def _q4_k(e: Block):
@@ -266,12 +287,27 @@ dot_q6_k = row_dot(210, 256, _q6_k)
 
 
 @njit(inline="always")
+def group_sums(x):
+    """Each row's sums of 32 consecutive activations (n, n_in // 32)."""
+    n, n_in = x.shape
+    sums = np.empty((n, n_in // 32), dtype=np.float32)
+    for i in range(n):
+        for g in range(n_in // 32):
+            total = np.float32(0)
+            for j in range(32):
+                total += x[i, g * 32 + j]
+            sums[i, g] = total
+    return sums
+
+
+@njit(inline="always")
 def _matvec(w, x, out, dot):
     n_out = w.shape[0]
+    sums = group_sums(x)
     for c in prange((n_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         for r in range(c * ROWS_PER_TASK, min((c + 1) * ROWS_PER_TASK, n_out)):
             for i in range(x.shape[0]):
-                out[i, r] = dot(w[r], x[i])
+                out[i, r] = dot(w[r], x[i], sums[i])
 
 
 @njit(parallel=True, cache=True)
