@@ -17,13 +17,18 @@ SmolLM2's shape (9 heads over 3, d 64) at 4096 cells 0.27 ms against 0.97 ms; Ge
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic, overload
+
+from .vkernels import F32, HAS_F16C, I32, I64, LANES, VF32, reduce_add
 
 F16_RESCALE = np.float32(2.0 ** 112)  # half exponent bias 15 → float bias 127
 # fastmath without "nnan"/"ninf": masked cells are -inf and the kernels test for it
 FAST = {"nsz", "arcp", "contract", "afn", "reassoc"}
-# Cells per task of attend_rows: at least two chunks per thread where the row keeps enough.
+# Cells per chunk of attend_rows: a whole number of chunks per task (two tasks per thread) where
+# the rows keep enough cells.
 ATTN_CHUNK_MIN, ATTN_CHUNK_MAX = 64, 512
 
 
@@ -169,6 +174,156 @@ def _as_f32(x):
     return None
 
 
+# ---- vector-coded cache reads (LLVM IR, like vkernels' row dots) --------------------------------
+# A cache row's head segment is read 16 values at a time; segments whose length is not a multiple
+# of 16 take the plain loops in _attend_chunk instead. (numba's disk cache does not see edits to
+# vkernels.py's helpers used here: clear __pycache__ after changing them.)
+
+VI16 = ir.VectorType(ir.IntType(16), LANES)
+VI32 = ir.VectorType(I32, LANES)
+
+
+def _lanes_i32(value):
+    return ir.Constant(VI32, [value] * LANES)
+
+
+def _load_values(builder, base, index, dtype):
+    """16 cache values at base[index:] as floats: f32 as stored, f16 bits widened (F16C, or in
+    integers: exponent and mantissa moved into place and rescaled, inf and nan rebuilt)."""
+    p = builder.gep(base, [index])
+    if dtype == types.float32:
+        return builder.load(builder.bitcast(p, VF32.as_pointer()), align=4)
+    bits = builder.load(builder.bitcast(p, VI16.as_pointer()), align=2)
+    if HAS_F16C:
+        return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), LANES)), VF32)
+    h = builder.zext(bits, VI32)
+    body = builder.shl(builder.and_(h, _lanes_i32(0x7FFF)), _lanes_i32(13))
+    finite = builder.fmul(builder.bitcast(body, VF32), ir.Constant(VF32, [float(2 ** 112)] * LANES))
+    special = builder.icmp_unsigned("==", builder.and_(h, _lanes_i32(0x7C00)), _lanes_i32(0x7C00))
+    x = builder.select(special, builder.bitcast(builder.or_(body, _lanes_i32(0x7F800000)), VF32), finite)
+    sign = builder.shl(builder.and_(h, _lanes_i32(0x8000)), _lanes_i32(16))
+    return builder.bitcast(builder.or_(builder.bitcast(x, VI32), sign), VF32)
+
+
+def _splat(builder, value):
+    v = builder.insert_element(ir.Constant(VF32, ir.Undefined), value, ir.Constant(I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(VF32, ir.Undefined), ir.Constant(VI32, [0] * LANES))
+
+
+def _fma(builder, a, b, c):
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VF32, [VF32] * 3), "llvm.fma.v16f32")
+    return builder.call(fn, [a, b, c])
+
+
+def _cell_base(builder, rows, cells, j, col):
+    """The flat index of rows[cells[j], col]."""
+    c = builder.sext(builder.load(builder.gep(cells.data, [j])), I64)
+    return builder.add(builder.mul(c, builder.extract_value(rows.shape, 1)), col)
+
+
+CELLS_PER_STEP = 4  # cells whose dots run side by side (independent accumulators)
+
+
+def _halves(builder, a, b, width):
+    """Lanes of a and b paired group by group: the first and the second half of every `width`
+    lanes, as two vectors (a's groups, then b's)."""
+    n = a.type.count
+    first = [g + i for g in range(0, n, width) for i in range(width // 2)]
+    second = [g + width // 2 + i for g in range(0, n, width) for i in range(width // 2)]
+    pick = lambda idx: builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(I32, len(idx)), idx))  # noqa: E731
+    return pick(first + [n + i for i in first]), pick(second + [n + i for i in second])
+
+
+def _reduce_four(builder, vectors):
+    """The lane sums of four 16-lane vectors as one <4 x float>: pairs folded into each other
+    (15 shuffles and adds instead of four separate trees of 8)."""
+    a, b, c, d = vectors
+    ab = builder.fadd(*_halves(builder, a, b, 16))  # a's 8 partial sums, then b's
+    cd = builder.fadd(*_halves(builder, c, d, 16))
+    abcd = builder.fadd(*_halves(builder, ab, cd, 8))  # 4 partial sums each
+    n = abcd.type.count
+    pairs = builder.fadd(builder.shuffle_vector(abcd, abcd, ir.Constant(ir.VectorType(I32, n // 2), list(range(0, n, 2)))),
+                         builder.shuffle_vector(abcd, abcd, ir.Constant(ir.VectorType(I32, n // 2), list(range(1, n, 2)))))
+    m = n // 2
+    return builder.fadd(builder.shuffle_vector(pairs, pairs, ir.Constant(ir.VectorType(I32, m // 2), list(range(0, m, 2)))),
+                        builder.shuffle_vector(pairs, pairs, ir.Constant(ir.VectorType(I32, m // 2), list(range(1, m, 2)))))
+
+
+@intrinsic
+def scores_into(typingctx, s_row, q_h, rows, cells, j0, j1, col):
+    """s_row[j - j0] = q_h · rows[cells[j], col:col + len(q_h)] for j in [j0, j1); len(q_h) a
+    multiple of 16; rows f32 or f16 bits (uint16), C-contiguous."""
+    def codegen(context, builder, sig, args):
+        s_arr, q_arr, r_arr, c_arr = (context.make_array(t)(context, builder, a) for t, a in zip(sig.args[:4], args[:4]))
+        j0_, j1_, col_ = args[4:]
+        n16 = builder.udiv(builder.extract_value(q_arr.shape, 0), ir.Constant(I64, LANES))
+        n_cells = builder.sub(j1_, j0_)
+        n_steps = builder.udiv(n_cells, ir.Constant(I64, CELLS_PER_STEP))
+        dtype = sig.args[2].dtype
+
+        def dots(first, count):
+            bases = [_cell_base(builder, r_arr, c_arr, builder.add(first, ir.Constant(I64, i)), col_) for i in range(count)]
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(VF32, None)) for _ in range(count)]
+            with cgutils.for_range(builder, n16) as loop:
+                off = builder.mul(loop.index, ir.Constant(I64, LANES))
+                qv = builder.load(builder.bitcast(builder.gep(q_arr.data, [off]), VF32.as_pointer()), align=4)
+                for base, acc in zip(bases, accs):
+                    kv = _load_values(builder, r_arr.data, builder.add(base, off), dtype)
+                    builder.store(_fma(builder, kv, qv, builder.load(acc)), acc)
+            out = builder.gep(s_arr.data, [builder.sub(first, j0_)])
+            if count == 1:
+                builder.store(reduce_add(builder, builder.load(accs[0])), out)
+            else:
+                sums = _reduce_four(builder, [builder.load(acc) for acc in accs])
+                builder.store(sums, builder.bitcast(out, sums.type.as_pointer()), align=4)
+
+        with cgutils.for_range(builder, n_steps) as step:
+            dots(builder.add(j0_, builder.mul(step.index, ir.Constant(I64, CELLS_PER_STEP))), CELLS_PER_STEP)
+        tail = builder.add(j0_, builder.mul(n_steps, ir.Constant(I64, CELLS_PER_STEP)))
+        with cgutils.for_range_slice(builder, tail, j1_, ir.Constant(I64, 1)) as (j, _):
+            dots(j, 1)
+        return context.get_dummy_value()
+
+    return types.none(s_row, q_h, rows, cells, types.int64, types.int64, types.int64), codegen
+
+
+SLICES_PER_PASS = 4  # 16-value slices of an output row kept in registers over a chunk's cells
+
+
+@intrinsic
+def values_into(typingctx, acc_h, p_row, rows, cells, j0, j1, col):
+    """acc_h += sum over j in [j0, j1) of p_row[j - j0] · rows[cells[j], col:col + len(acc_h)];
+    len(acc_h) a multiple of 16. The output row is held in registers, a few slices at a time."""
+    def codegen(context, builder, sig, args):
+        a_arr, p_arr, r_arr, c_arr = (context.make_array(t)(context, builder, a) for t, a in zip(sig.args[:4], args[:4]))
+        j0_, j1_, col_ = args[4:]
+        n16 = builder.udiv(builder.extract_value(a_arr.shape, 0), ir.Constant(I64, LANES))
+        n_passes = builder.udiv(n16, ir.Constant(I64, SLICES_PER_PASS))
+        dtype = sig.args[2].dtype
+
+        def accumulate(first_slice, count):
+            offs = [builder.mul(builder.add(first_slice, ir.Constant(I64, i)), ir.Constant(I64, LANES)) for i in range(count)]
+            ptrs = [builder.bitcast(builder.gep(a_arr.data, [o]), VF32.as_pointer()) for o in offs]
+            accs = [cgutils.alloca_once_value(builder, builder.load(p, align=4)) for p in ptrs]
+            with cgutils.for_range_slice(builder, j0_, j1_, ir.Constant(I64, 1)) as (j, _):
+                pv = _splat(builder, builder.load(builder.gep(p_arr.data, [builder.sub(j, j0_)])))
+                base = _cell_base(builder, r_arr, c_arr, j, col_)
+                for o, acc in zip(offs, accs):
+                    vv = _load_values(builder, r_arr.data, builder.add(base, o), dtype)
+                    builder.store(_fma(builder, pv, vv, builder.load(acc)), acc)
+            for p, acc in zip(ptrs, accs):
+                builder.store(builder.load(acc), p, align=4)
+
+        with cgutils.for_range(builder, n_passes) as pass_:
+            accumulate(builder.mul(pass_.index, ir.Constant(I64, SLICES_PER_PASS)), SLICES_PER_PASS)
+        with cgutils.for_range_slice(builder, builder.mul(n_passes, ir.Constant(I64, SLICES_PER_PASS)), n16,
+                                     ir.Constant(I64, 1)) as (s, _):
+            accumulate(s, 1)
+        return context.get_dummy_value()
+
+    return types.none(acc_h, p_row, rows, cells, types.int64, types.int64, types.int64), codegen
+
+
 @njit(cache=True)
 def kept_cells(mask):
     """Each row's finite mask columns, in ascending order: (cells (T, n) padded with 0, count (T,))."""
@@ -188,7 +343,9 @@ def _chunk_plan(mask, n_tasks, H, Dv):
     """The kept cells of each row, cut into about n_tasks chunks, and each chunk's running max,
     sum and weighted values per query row and head."""
     cells, count = kept_cells(mask)
-    chunk = min(ATTN_CHUNK_MAX, max(ATTN_CHUNK_MIN, (cells.shape[1] + n_tasks - 1) // n_tasks))
+    n = cells.shape[1]
+    rounds = max(1, -(-n // (n_tasks * ATTN_CHUNK_MAX)))  # chunks per task: a whole number, so threads end together
+    chunk = max(ATTN_CHUNK_MIN, -(-n // (n_tasks * rounds)))
     n_chunks = (cells.shape[1] + chunk - 1) // chunk
     T = mask.shape[0]
     chunk_max = np.full((n_chunks, T, H), -np.inf, dtype=np.float32)
@@ -199,14 +356,17 @@ def _chunk_plan(mask, n_tasks, H, Dv):
 
 @njit(fastmath=FAST, inline="always")
 def _attend_chunk(ci, chunk, q, k, v, mask, cells, count, scale, softcap, slopes, chunk_max, chunk_sum, chunk_acc):
-    """One chunk of every row: scores, the chunk's softmax numerators, weighted values. Cells are
-    walked in order and each K and V row is read whole (every KV head) before the next: a long
-    cache streams from memory sequentially, and a row is widened once for its query heads."""
+    """One chunk of every row: scores, the chunk's softmax numerators, weighted values. With head
+    sizes that are multiples of 16 the cache reads are vector-coded (scores_into, values_into: a
+    head at a time, the output row held in registers over the chunk); otherwise plain loops walk
+    the cells in order, each K and V row widened once for its query heads."""
     T, H, D = q.shape
     Dv = chunk_acc.shape[3]
     Hkv = k.shape[1] // D
     G = H // Hkv
+    vector = D % 16 == 0 and Dv % 16 == 0
     s = np.empty((H, chunk), dtype=np.float32)
+    mk = np.empty(chunk, dtype=np.float32)
     row = np.empty(max(D, Dv), dtype=np.float32)
     m = np.empty(H, dtype=np.float32)
     for t in range(T):
@@ -214,23 +374,36 @@ def _attend_chunk(ci, chunk, q, k, v, mask, cells, count, scale, softcap, slopes
         j1 = min(count[t], j0 + chunk)
         if j1 <= j0:
             continue
-        m[:] = -np.inf
-        for j in range(j0, j1):  # scores
-            c = cells[t, j]
-            mk = mask[t, c]
-            for hk in range(Hkv):
-                for d in range(D):
-                    row[d] = as_f32(k[c, hk * D + d])
-                for h in range(hk * G, hk * G + G):
-                    acc = np.float32(0)
+        kept = cells[t]
+        if vector:
+            for h in range(H):
+                scores_into(s[h], q[t, h], k, kept, j0, j1, (h // G) * D)
+        else:
+            for j in range(j0, j1):
+                c = kept[j]
+                for hk in range(Hkv):
                     for d in range(D):
-                        acc += q[t, h, d] * row[d]
-                    x = acc * scale
-                    if softcap != 0:
-                        x = softcap * np.tanh(x / softcap)
-                    x += slopes[h] * mk
-                    s[h, j - j0] = x
-                    m[h] = max(m[h], x)
+                        row[d] = as_f32(k[c, hk * D + d])
+                    for h in range(hk * G, hk * G + G):
+                        acc = np.float32(0)
+                        for d in range(D):
+                            acc += q[t, h, d] * row[d]
+                        s[h, j - j0] = acc
+        for j in range(j0, j1):  # the kept cells' mask values, gathered once for every head
+            mk[j - j0] = mask[t, kept[j]]
+        for h in range(H):  # scale, softcap, slope·mask; the chunk's max (branch-free loops)
+            if softcap != 0:
+                for j in range(j1 - j0):
+                    s[h, j] = softcap * np.tanh(s[h, j] * scale / softcap)
+            else:
+                for j in range(j1 - j0):
+                    s[h, j] *= scale
+            top = np.float32(-np.inf)
+            for j in range(j1 - j0):
+                x = s[h, j] + slopes[h] * mk[j]
+                s[h, j] = x
+                top = max(top, x)
+            m[h] = top
         for h in range(H):  # the chunk's softmax numerators and sums
             if m[h] == -np.inf:
                 s[h, :] = 0
@@ -242,15 +415,19 @@ def _attend_chunk(ci, chunk, q, k, v, mask, cells, count, scale, softcap, slopes
                 total += p
             chunk_max[ci, t, h] = m[h]
             chunk_sum[ci, t, h] = total
-        for j in range(j0, j1):  # weighted values
-            c = cells[t, j]
-            for hk in range(Hkv):
-                for d in range(Dv):
-                    row[d] = as_f32(v[c, hk * Dv + d])
-                for h in range(hk * G, hk * G + G):
-                    p = s[h, j - j0]
+        if vector:
+            for h in range(H):
+                values_into(chunk_acc[ci, t, h], s[h], v, kept, j0, j1, (h // G) * Dv)
+        else:
+            for j in range(j0, j1):
+                c = kept[j]
+                for hk in range(Hkv):
                     for d in range(Dv):
-                        chunk_acc[ci, t, h, d] += p * row[d]
+                        row[d] = as_f32(v[c, hk * Dv + d])
+                    for h in range(hk * G, hk * G + G):
+                        p = s[h, j - j0]
+                        for d in range(Dv):
+                            chunk_acc[ci, t, h, d] += p * row[d]
 
 
 @njit(fastmath=FAST, cache=True, parallel=True)

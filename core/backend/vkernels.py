@@ -134,7 +134,8 @@ class Block:
         self.b.store(self.b.fadd(self.b.load(self.acc_offset), products[0]), self.acc_offset)
 
 
-def _reduce(builder: ir.IRBuilder, v):
+def reduce_add(builder: ir.IRBuilder, v):
+    """The sum of a float vector's lanes, as a tree of halvings."""
     n = v.type.count
     while n > 1:
         n //= 2
@@ -168,7 +169,7 @@ def row_dot(block_bytes: int, block_values: int, emit_block):
                 xo = builder.mul(loop.index, ir.Constant(I64, block_values))
                 so = builder.mul(loop.index, ir.Constant(I64, block_values // 32))
                 emit_block(Block(builder, row_arr.data, x_arr.data, sums_arr.data, at, xo, so, acc, acc_offset))
-            return builder.fadd(_reduce(builder, builder.load(acc)), builder.load(acc_offset))
+            return builder.fadd(reduce_add(builder, builder.load(acc)), builder.load(acc_offset))
 
         return types.float32(row, x, sums), codegen
 
