@@ -249,79 +249,139 @@ def _reduce_four(builder, vectors):
                         builder.shuffle_vector(pairs, pairs, ir.Constant(ir.VectorType(I32, m // 2), list(range(1, m, 2)))))
 
 
-@intrinsic
-def scores_into(typingctx, s_row, q_h, rows, cells, j0, j1, col):
-    """s_row[j - j0] = q_h · rows[cells[j], col:col + len(q_h)] for j in [j0, j1); len(q_h) a
-    multiple of 16; rows f32 or f16 bits (uint16), C-contiguous."""
-    def codegen(context, builder, sig, args):
-        s_arr, q_arr, r_arr, c_arr = (context.make_array(t)(context, builder, a) for t, a in zip(sig.args[:4], args[:4]))
-        j0_, j1_, col_ = args[4:]
-        n16 = builder.udiv(builder.extract_value(q_arr.shape, 0), ir.Constant(I64, LANES))
-        n_cells = builder.sub(j1_, j0_)
-        n_steps = builder.udiv(n_cells, ir.Constant(I64, CELLS_PER_STEP))
-        dtype = sig.args[2].dtype
-
-        def dots(first, count):
-            bases = [_cell_base(builder, r_arr, c_arr, builder.add(first, ir.Constant(I64, i)), col_) for i in range(count)]
-            accs = [cgutils.alloca_once_value(builder, ir.Constant(VF32, None)) for _ in range(count)]
-            with cgutils.for_range(builder, n16) as loop:
-                off = builder.mul(loop.index, ir.Constant(I64, LANES))
-                qv = builder.load(builder.bitcast(builder.gep(q_arr.data, [off]), VF32.as_pointer()), align=4)
-                for base, acc in zip(bases, accs):
-                    kv = _load_values(builder, r_arr.data, builder.add(base, off), dtype)
-                    builder.store(_fma(builder, kv, qv, builder.load(acc)), acc)
-            out = builder.gep(s_arr.data, [builder.sub(first, j0_)])
-            if count == 1:
-                builder.store(reduce_add(builder, builder.load(accs[0])), out)
-            else:
-                sums = _reduce_four(builder, [builder.load(acc) for acc in accs])
-                builder.store(sums, builder.bitcast(out, sums.type.as_pointer()), align=4)
-
-        with cgutils.for_range(builder, n_steps) as step:
-            dots(builder.add(j0_, builder.mul(step.index, ir.Constant(I64, CELLS_PER_STEP))), CELLS_PER_STEP)
-        tail = builder.add(j0_, builder.mul(n_steps, ir.Constant(I64, CELLS_PER_STEP)))
-        with cgutils.for_range_slice(builder, tail, j1_, ir.Constant(I64, 1)) as (j, _):
-            dots(j, 1)
-        return context.get_dummy_value()
-
-    return types.none(s_row, q_h, rows, cells, types.int64, types.int64, types.int64), codegen
+MAX_GROUP = 4  # query heads of one KV head handled together (their accumulators fit the registers)
 
 
-SLICES_PER_PASS = 4  # 16-value slices of an output row kept in registers over a chunk's cells
+def _row_ptr(builder, arr, row):
+    """Pointer to arr[row, 0] of a C-contiguous 2-D float32 array."""
+    return builder.gep(arr.data, [builder.mul(row, builder.extract_value(arr.shape, 1))])
 
 
-@intrinsic
-def values_into(typingctx, acc_h, p_row, rows, cells, j0, j1, col):
-    """acc_h += sum over j in [j0, j1) of p_row[j - j0] · rows[cells[j], col:col + len(acc_h)];
-    len(acc_h) a multiple of 16. The output row is held in registers, a few slices at a time."""
-    def codegen(context, builder, sig, args):
-        a_arr, p_arr, r_arr, c_arr = (context.make_array(t)(context, builder, a) for t, a in zip(sig.args[:4], args[:4]))
-        j0_, j1_, col_ = args[4:]
-        n16 = builder.udiv(builder.extract_value(a_arr.shape, 0), ir.Constant(I64, LANES))
-        n_passes = builder.udiv(n16, ir.Constant(I64, SLICES_PER_PASS))
-        dtype = sig.args[2].dtype
+def _scores_intrinsic(n_heads: int):
+    @intrinsic
+    def scores_into(typingctx, s, q, h0, rows, cells, j0, j1, col):
+        """s[h0 + g, j - j0] = q[h0 + g] · rows[cells[j], col:col + D] for g < n_heads and j in
+        [j0, j1), D = q.shape[1] a multiple of 16; rows f32 or f16 bits (uint16), C-contiguous.
+        Each K slice is widened once for the heads; four cells' dots run side by side."""
+        def codegen(context, builder, sig, args):
+            s_arr, q_arr = (context.make_array(t)(context, builder, a) for t, a in zip(sig.args[:2], args[:2]))
+            r_arr, c_arr = (context.make_array(t)(context, builder, a) for t, a in zip(sig.args[3:5], args[3:5]))
+            h0_, j0_, j1_, col_ = args[2], args[5], args[6], args[7]
+            heads = [builder.add(h0_, ir.Constant(I64, g)) for g in range(n_heads)]
+            q_rows = [_row_ptr(builder, q_arr, h) for h in heads]
+            s_rows = [_row_ptr(builder, s_arr, h) for h in heads]
+            n16 = builder.udiv(builder.extract_value(q_arr.shape, 1), ir.Constant(I64, LANES))
+            n_steps = builder.udiv(builder.sub(j1_, j0_), ir.Constant(I64, CELLS_PER_STEP))
+            dtype = sig.args[3].dtype
 
-        def accumulate(first_slice, count):
-            offs = [builder.mul(builder.add(first_slice, ir.Constant(I64, i)), ir.Constant(I64, LANES)) for i in range(count)]
-            ptrs = [builder.bitcast(builder.gep(a_arr.data, [o]), VF32.as_pointer()) for o in offs]
-            accs = [cgutils.alloca_once_value(builder, builder.load(p, align=4)) for p in ptrs]
-            with cgutils.for_range_slice(builder, j0_, j1_, ir.Constant(I64, 1)) as (j, _):
-                pv = _splat(builder, builder.load(builder.gep(p_arr.data, [builder.sub(j, j0_)])))
-                base = _cell_base(builder, r_arr, c_arr, j, col_)
-                for o, acc in zip(offs, accs):
-                    vv = _load_values(builder, r_arr.data, builder.add(base, o), dtype)
-                    builder.store(_fma(builder, pv, vv, builder.load(acc)), acc)
-            for p, acc in zip(ptrs, accs):
-                builder.store(builder.load(acc), p, align=4)
+            def dots(first, count):
+                bases = [_cell_base(builder, r_arr, c_arr, builder.add(first, ir.Constant(I64, i)), col_)
+                         for i in range(count)]
+                accs = [[cgutils.alloca_once_value(builder, ir.Constant(VF32, None)) for _ in range(count)]
+                        for _ in heads]
+                with cgutils.for_range(builder, n16) as loop:
+                    off = builder.mul(loop.index, ir.Constant(I64, LANES))
+                    keys = [_load_values(builder, r_arr.data, builder.add(base, off), dtype) for base in bases]
+                    for q_row, head_accs in zip(q_rows, accs):
+                        qv = builder.load(builder.bitcast(builder.gep(q_row, [off]), VF32.as_pointer()), align=4)
+                        for kv, acc in zip(keys, head_accs):
+                            builder.store(_fma(builder, kv, qv, builder.load(acc)), acc)
+                at = builder.sub(first, j0_)
+                for s_row, head_accs in zip(s_rows, accs):
+                    out = builder.gep(s_row, [at])
+                    if count == 1:
+                        builder.store(reduce_add(builder, builder.load(head_accs[0])), out)
+                    else:
+                        sums = _reduce_four(builder, [builder.load(acc) for acc in head_accs])
+                        builder.store(sums, builder.bitcast(out, sums.type.as_pointer()), align=4)
 
-        with cgutils.for_range(builder, n_passes) as pass_:
-            accumulate(builder.mul(pass_.index, ir.Constant(I64, SLICES_PER_PASS)), SLICES_PER_PASS)
-        with cgutils.for_range_slice(builder, builder.mul(n_passes, ir.Constant(I64, SLICES_PER_PASS)), n16,
-                                     ir.Constant(I64, 1)) as (s, _):
-            accumulate(s, 1)
-        return context.get_dummy_value()
+            with cgutils.for_range(builder, n_steps) as step:
+                dots(builder.add(j0_, builder.mul(step.index, ir.Constant(I64, CELLS_PER_STEP))), CELLS_PER_STEP)
+            tail = builder.add(j0_, builder.mul(n_steps, ir.Constant(I64, CELLS_PER_STEP)))
+            with cgutils.for_range_slice(builder, tail, j1_, ir.Constant(I64, 1)) as (j, _):
+                dots(j, 1)
+            return context.get_dummy_value()
 
-    return types.none(acc_h, p_row, rows, cells, types.int64, types.int64, types.int64), codegen
+        return types.none(s, q, types.int64, rows, cells, types.int64, types.int64, types.int64), codegen
+
+    return scores_into
+
+
+SLICES_PER_PASS = 4  # 16-value slices of the output rows kept in registers over a chunk's cells
+
+
+def _values_intrinsic(n_heads: int):
+    @intrinsic
+    def values_into(typingctx, acc, p, h0, rows, cells, j0, j1, col):
+        """acc[h0 + g] += sum over j in [j0, j1) of p[h0 + g, j - j0] · rows[cells[j], col:col + Dv]
+        for g < n_heads, Dv = acc.shape[1] a multiple of 16. The output rows are held in registers,
+        a few slices at a time, and each V slice is widened once for the heads."""
+        def codegen(context, builder, sig, args):
+            a_arr, p_arr = (context.make_array(t)(context, builder, a) for t, a in zip(sig.args[:2], args[:2]))
+            r_arr, c_arr = (context.make_array(t)(context, builder, a) for t, a in zip(sig.args[3:5], args[3:5]))
+            h0_, j0_, j1_, col_ = args[2], args[5], args[6], args[7]
+            heads = [builder.add(h0_, ir.Constant(I64, g)) for g in range(n_heads)]
+            a_rows = [_row_ptr(builder, a_arr, h) for h in heads]
+            p_rows = [_row_ptr(builder, p_arr, h) for h in heads]
+            n16 = builder.udiv(builder.extract_value(a_arr.shape, 1), ir.Constant(I64, LANES))
+            n_passes = builder.udiv(n16, ir.Constant(I64, SLICES_PER_PASS))
+            dtype = sig.args[3].dtype
+
+            def accumulate(first_slice, count):
+                offs = [builder.mul(builder.add(first_slice, ir.Constant(I64, i)), ir.Constant(I64, LANES))
+                        for i in range(count)]
+                ptrs = [[builder.bitcast(builder.gep(a_row, [o]), VF32.as_pointer()) for o in offs] for a_row in a_rows]
+                accs = [[cgutils.alloca_once_value(builder, builder.load(ptr, align=4)) for ptr in head_ptrs]
+                        for head_ptrs in ptrs]
+                with cgutils.for_range_slice(builder, j0_, j1_, ir.Constant(I64, 1)) as (j, _):
+                    base = _cell_base(builder, r_arr, c_arr, j, col_)
+                    values = [_load_values(builder, r_arr.data, builder.add(base, o), dtype) for o in offs]
+                    for p_row, head_accs in zip(p_rows, accs):
+                        pv = _splat(builder, builder.load(builder.gep(p_row, [builder.sub(j, j0_)])))
+                        for vv, acc in zip(values, head_accs):
+                            builder.store(_fma(builder, pv, vv, builder.load(acc)), acc)
+                for head_ptrs, head_accs in zip(ptrs, accs):
+                    for ptr, acc in zip(head_ptrs, head_accs):
+                        builder.store(builder.load(acc), ptr, align=4)
+
+            with cgutils.for_range(builder, n_passes) as pass_:
+                accumulate(builder.mul(pass_.index, ir.Constant(I64, SLICES_PER_PASS)), SLICES_PER_PASS)
+            with cgutils.for_range_slice(builder, builder.mul(n_passes, ir.Constant(I64, SLICES_PER_PASS)), n16,
+                                         ir.Constant(I64, 1)) as (sl, _):
+                accumulate(sl, 1)
+            return context.get_dummy_value()
+
+        return types.none(acc, p, types.int64, rows, cells, types.int64, types.int64, types.int64), codegen
+
+    return values_into
+
+
+scores_1, scores_2, scores_3, scores_4 = (_scores_intrinsic(n) for n in range(1, MAX_GROUP + 1))
+values_1, values_2, values_3, values_4 = (_values_intrinsic(n) for n in range(1, MAX_GROUP + 1))
+
+
+@njit(inline="always")
+def _group_scores(s, q, h0, n, rows, cells, j0, j1, col):
+    if n == 4:
+        scores_4(s, q, h0, rows, cells, j0, j1, col)
+    elif n == 3:
+        scores_3(s, q, h0, rows, cells, j0, j1, col)
+    elif n == 2:
+        scores_2(s, q, h0, rows, cells, j0, j1, col)
+    else:
+        scores_1(s, q, h0, rows, cells, j0, j1, col)
+
+
+@njit(inline="always")
+def _group_values(acc, p, h0, n, rows, cells, j0, j1, col):
+    if n == 4:
+        values_4(acc, p, h0, rows, cells, j0, j1, col)
+    elif n == 3:
+        values_3(acc, p, h0, rows, cells, j0, j1, col)
+    elif n == 2:
+        values_2(acc, p, h0, rows, cells, j0, j1, col)
+    else:
+        values_1(acc, p, h0, rows, cells, j0, j1, col)
 
 
 @njit(cache=True)
@@ -357,8 +417,8 @@ def _chunk_plan(mask, n_tasks, H, Dv):
 @njit(fastmath=FAST, inline="always")
 def _attend_chunk(ci, chunk, q, k, v, mask, cells, count, scale, softcap, slopes, chunk_max, chunk_sum, chunk_acc):
     """One chunk of every row: scores, the chunk's softmax numerators, weighted values. With head
-    sizes that are multiples of 16 the cache reads are vector-coded (scores_into, values_into: a
-    head at a time, the output row held in registers over the chunk); otherwise plain loops walk
+    sizes that are multiples of 16 the cache reads are vector-coded (scores_*, values_*: the query
+    heads of a KV head together, output rows held in registers over the chunk); otherwise plain loops walk
     the cells in order, each K and V row widened once for its query heads."""
     T, H, D = q.shape
     Dv = chunk_acc.shape[3]
@@ -375,9 +435,10 @@ def _attend_chunk(ci, chunk, q, k, v, mask, cells, count, scale, softcap, slopes
         if j1 <= j0:
             continue
         kept = cells[t]
-        if vector:
-            for h in range(H):
-                scores_into(s[h], q[t, h], k, kept, j0, j1, (h // G) * D)
+        if vector:  # a KV head's query heads, up to MAX_GROUP at a time
+            for h0 in range(0, H, G):
+                for g0 in range(0, G, MAX_GROUP):
+                    _group_scores(s, q[t], h0 + g0, min(MAX_GROUP, G - g0), k, kept, j0, j1, (h0 // G) * D)
         else:
             for j in range(j0, j1):
                 c = kept[j]
@@ -416,8 +477,9 @@ def _attend_chunk(ci, chunk, q, k, v, mask, cells, count, scale, softcap, slopes
             chunk_max[ci, t, h] = m[h]
             chunk_sum[ci, t, h] = total
         if vector:
-            for h in range(H):
-                values_into(chunk_acc[ci, t, h], s[h], v, kept, j0, j1, (h // G) * Dv)
+            for h0 in range(0, H, G):
+                for g0 in range(0, G, MAX_GROUP):
+                    _group_values(chunk_acc[ci, t], s, h0 + g0, min(MAX_GROUP, G - g0), v, kept, j0, j1, (h0 // G) * Dv)
         else:
             for j in range(j0, j1):
                 c = kept[j]
