@@ -148,3 +148,37 @@ def test_fast_exp_is_close_to_exp_and_zero_below_the_normal_range():
     got = np.empty_like(edges)
     exp_all(edges, got)
     assert got[0] == got[1] == got[2] == 0.0 and np.isfinite(got[3:]).all() and got[3] > 2e38
+
+
+@pytest.mark.parametrize("qtype", sorted(qkernels.MULTI_PART))
+def test_stacked_parts_take_one_launch_and_equal_each_part(qtype):
+    """A tuple of same-type parts (q|k|v) fills each part's columns exactly as one call per part."""
+    name = T(qtype).name
+    rng = np.random.default_rng(qtype)
+    parts = tuple(np.ascontiguousarray(random_weight(rng, name, n, 512)).reshape(n, -1).view(np.uint8)
+                  for n in (70, 5, 33))
+    x = rng.standard_normal((2, 512)).astype(np.float32)
+    stacked = np.full((2, 108), np.nan, np.float32)
+    qkernels.MATVEC[qtype](parts, x, stacked)
+    col = 0
+    for raw in parts:
+        alone = np.empty((2, len(raw)), np.float32)
+        qkernels.MATVEC[qtype](raw, x, alone)
+        np.testing.assert_array_equal(stacked[:, col:col + len(raw)], alone)
+        col += len(raw)
+
+
+def test_matmul_of_mixed_type_parts_equals_the_dense_product():
+    """Runs of one type take one launch; a part of another type its own."""
+    rng = np.random.default_rng(11)
+    names = ("Q4_1", "Q4_1", "Q8_0", "Q6_K")
+    weights = [QuantWeight.from_raw(random_weight(rng, n, rows, 256), ggml_type(n), (rows, 256))
+               for n, rows in zip(names, (40, 24, 8, 16))]
+    w = QuantWeight.stack(weights)
+    assert [run[0] for run in w.runs()] == [int(T.Q4_1), int(T.Q8_0), int(T.Q6_K)]
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    dense = np.concatenate([dequantize(p.raw.reshape(-1), p.qtype, p.n_out * 256).reshape(p.n_out, 256)
+                            for p in w.parts])
+    got = CPUBackend().matmul(x, w)
+    ref = x.astype(np.float64) @ dense.T.astype(np.float64)
+    assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()

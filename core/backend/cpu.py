@@ -151,6 +151,9 @@ class CPUBackend(ArrayAlgebra):
                 block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
                 w = np.zeros((1, 256 // block * type_size), dtype=np.uint8)
                 kernels.MATVEC[qtype](w, x, np.empty((1, 1), np.float32))
+                if qtype in kernels.MULTI_PART:  # stacked weights: q|k|v (3 parts), gate|up (2)
+                    for n_parts in (2, 3):
+                        kernels.MATVEC[qtype]((w,) * n_parts, x, np.empty((1, n_parts), np.float32))
                 kernels.DEQUANT[qtype](w, np.zeros(1, np.int64), np.empty((1, 256), np.float32))
             kernels.DEQUANT[int(GGMLQuantizationType.F16)](np.zeros((1, 64), np.uint8), np.zeros(1, np.int64),
                                                           np.empty((1, 32), np.float32))  # f16 cache rows
@@ -209,8 +212,17 @@ class CPUBackend(ArrayAlgebra):
         if len(x) > FUSED_MAX_ROWS:
             self._tiled_matmul(kernels, w, x, out)
             return out
-        for part, col in w.spans():
-            kernels.MATVEC[part.qtype](part.raw, x, out[:, col:col + part.n_out])
+        for qtype, raws, first, end in w.runs():
+            kernel = kernels.MATVEC[qtype]
+            if len(raws) == 1:
+                kernel(raws[0], x, out[:, first:end])
+            elif qtype in kernels.MULTI_PART:
+                kernel(raws, x, out[:, first:end])  # one launch for q|k|v or gate|up
+            else:
+                col = first
+                for raw in raws:
+                    kernel(raw, x, out[:, col:col + len(raw)])
+                    col += len(raw)
         return out
 
     def _tiled_matmul(self, kernels, w: QuantWeight, x: np.ndarray, out: np.ndarray) -> None:

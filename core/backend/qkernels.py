@@ -388,6 +388,8 @@ def dequant_q6_k(w, rows, out):
 
 MATVEC = {F32: matvec_f32, F16: matvec_f16, BF16: matvec_bf16, Q2_K: matvec_q2_k, Q3_K: matvec_q3_k,
           **vkernels.MATVEC}
+# types whose MATVEC also takes a tuple of same-type parts (one launch for q|k|v, gate|up)
+MULTI_PART = frozenset(vkernels.MATVEC)
 DEQUANT = {F32: dequant_f32, F16: dequant_f16, BF16: dequant_bf16, Q4_0: dequant_q4_0, Q4_1: dequant_q4_1,
            Q5_0: dequant_q5_0, Q5_1: dequant_q5_1, Q8_0: dequant_q8_0, Q2_K: dequant_q2_k, Q3_K: dequant_q3_k,
            Q4_K: dequant_q4_k, Q5_K: dequant_q5_k, Q6_K: dequant_q6_k}

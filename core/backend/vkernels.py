@@ -9,7 +9,8 @@ held in registers, and one horizontal sum per row. The bytes are unpacked as ggm
 activations stay float32, so a dot differs from the exact sum only by float rounding.
 
 `MATVEC[type](w, x, out)` has qkernels.MATVEC's contract: `out[i, r] = x[i] · W[r]` for a few
-activation rows, parallel over W's rows. The drivers live in this file with the intrinsics because
+activation rows, parallel over W's rows; here `w` may also be a tuple of same-type parts stacked
+along the output (q|k|v, gate|up), multiplied in one launch. The drivers live in this file with the intrinsics because
 numba's disk cache only notices edits to the file that defines a cached function.
 """
 
@@ -20,7 +21,7 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 F32, I8, I16, I32, I64 = ir.FloatType(), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 LANES = 16
@@ -301,14 +302,40 @@ def group_sums(x):
     return sums
 
 
+def as_parts(w):
+    """A weight as a tuple of parts: one (n_out, row_bytes) array, or a tuple of them."""
+
+
+@overload(as_parts)
+def _as_parts(w):
+    if isinstance(w, types.Array):
+        return lambda w: (w,)
+    if isinstance(w, types.UniTuple):
+        return lambda w: w
+    return None
+
+
 @njit(inline="always")
 def _matvec(w, x, out, dot):
-    n_out = w.shape[0]
+    """Parts stacked along out's columns share one parallel loop (one launch for q|k|v)."""
+    parts = as_parts(w)
+    n_parts = len(parts)
+    first_task = np.zeros(n_parts + 1, dtype=np.int64)
+    first_col = np.zeros(n_parts + 1, dtype=np.int64)
+    for p in range(n_parts):
+        n = parts[p].shape[0]
+        first_task[p + 1] = first_task[p] + (n + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+        first_col[p + 1] = first_col[p] + n
     sums = group_sums(x)
-    for c in prange((n_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        for r in range(c * ROWS_PER_TASK, min((c + 1) * ROWS_PER_TASK, n_out)):
+    for task in prange(first_task[n_parts]):
+        p = 0
+        while task >= first_task[p + 1]:
+            p += 1
+        part = parts[p]
+        r0 = (task - first_task[p]) * ROWS_PER_TASK
+        for r in range(r0, min(r0 + ROWS_PER_TASK, part.shape[0])):
             for i in range(x.shape[0]):
-                out[i, r] = dot(w[r], x[i], sums[i])
+                out[i, first_col[p] + r] = dot(part[r], x[i], sums[i])
 
 
 @njit(parallel=True, cache=True)

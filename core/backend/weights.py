@@ -45,6 +45,14 @@ class QuantWeight:
         offsets = np.cumsum([0] + [p.n_out for p in self.parts]).tolist()
         object.__setattr__(self, "_spans", tuple(zip(self.parts, offsets)))
         object.__setattr__(self, "_shape", (offsets[-1], self.n_in))
+        runs = []  # consecutive parts of one type: (type, raw arrays, first column, end column)
+        for part, col in self._spans:
+            if runs and runs[-1][0] == part.qtype:
+                qtype, raws, first, _ = runs[-1]
+                runs[-1] = (qtype, raws + (part.raw,), first, col + part.n_out)
+            else:
+                runs.append((part.qtype, (part.raw,), col, col + part.n_out))
+        object.__setattr__(self, "_runs", tuple(runs))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -61,6 +69,10 @@ class QuantWeight:
     def spans(self) -> tuple[tuple[WeightPart, int], ...]:
         """(part, first output column) for every part."""
         return self._spans
+
+    def runs(self) -> tuple[tuple[int, tuple[np.ndarray, ...], int, int], ...]:
+        """Consecutive parts of one type: (type, their raw arrays, first column, end column)."""
+        return self._runs
 
 
 @dataclass(frozen=True)
