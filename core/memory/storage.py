@@ -60,6 +60,8 @@ class KVStorage:
         """Store float rows (n, dim) at (streams[i], cells[i])."""
         if self.qtype is not None:
             self.data[streams, cells] = quantize_rows(rows, self.qtype)
+        elif len(cells) == 1:  # a decoded token: plain indexing is several times cheaper than fancy
+            self.data[int(streams[0]), int(cells[0])] = rows[0]
         else:
             self.data[self.xp.asarray(streams), self.xp.asarray(cells)] = rows
         if self.on_write is not None:
