@@ -182,3 +182,47 @@ def test_matmul_of_mixed_type_parts_equals_the_dense_product():
     got = CPUBackend().matmul(x, w)
     ref = x.astype(np.float64) @ dense.T.astype(np.float64)
     assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+def test_vector_kernels_widen_halves_in_integers_without_f16c(monkeypatch):
+    """Without F16C the intrinsics widen halves with integer ops: fresh (uncached) kernels built
+    that way equal the F16C ones, for weight scales and for f16 cache rows with subnormal,
+    negative, zero and infinite values."""
+    from numba import njit
+
+    from llmsuite.core.backend import akernels, vkernels
+
+    rng = np.random.default_rng(5)
+    raw = np.ascontiguousarray(random_weight(rng, "Q4_1", 48, 256)).reshape(48, -1).view(np.uint8)
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    with_f16c = np.empty((1, 48), np.float32)
+    qkernels.MATVEC[int(T.Q4_1)](raw, x, with_f16c)
+    rows = rng.standard_normal((6, 32)).astype(np.float16)
+    rows[0, :4] = [6e-8, -3e-6, 0.0, -0.0]  # subnormal halves and signed zeros
+    rows[5, 7] = np.inf
+    q = rng.standard_normal((2, 32)).astype(np.float32)
+    cells = np.arange(6, dtype=np.int32)
+
+    monkeypatch.setattr(vkernels, "HAS_F16C", False)
+    monkeypatch.setattr(akernels, "HAS_F16C", False)
+    dot = vkernels.row_dot(20, 32, vkernels._q4_1)
+    scores = akernels._scores_intrinsic(2)
+
+    @njit
+    def matvec(w, x, out):
+        sums = vkernels.group_sums(x)
+        for r in range(w.shape[0]):
+            out[0, r] = dot(w[r], x[0], sums[0])
+
+    @njit
+    def all_scores(s, q, rows, cells):
+        scores(s, q, 0, rows, cells, 0, len(cells), 0)
+
+    without = np.empty((1, 48), np.float32)
+    matvec(raw, x, without)
+    np.testing.assert_allclose(without, with_f16c, rtol=1e-6, atol=1e-6)
+    s = np.empty((2, 6), np.float32)
+    all_scores(s, q, rows.view(np.uint16), cells)
+    expected = q.astype(np.float64) @ rows.astype(np.float64).T
+    np.testing.assert_allclose(s[:, :5], expected[:, :5], rtol=1e-5, atol=1e-5)
+    assert np.isinf(s[:, 5]).all()

@@ -4,14 +4,16 @@ numba compiles the block loops of qkernels.py into scalar code: LLVM cannot tell
 the activations and the accumulators apart, so it either keeps every partial sum in memory or
 vectorizes across blocks and gathers bytes one by one (about 6 GB/s on Q4_1 here). The row dots in
 this file are numba intrinsics that emit the vector code themselves: one block per loop iteration,
-16-float vectors (LLVM lowers them to one AVX-512 register or two AVX2 ones), two accumulators
-held in registers, and one horizontal sum per row. The bytes are unpacked as ggml packs them;
-activations stay float32, so a dot differs from the exact sum only by float rounding.
+16-float vectors (LLVM lowers them to one AVX-512 register or two AVX2 ones), the accumulators in
+registers (a vector for the scaled dots, a scalar for the block offsets), one horizontal sum per
+row. The bytes are unpacked as ggml packs them; activations stay float32, so a dot differs from
+the exact sum only by float rounding. Measured with scripts/kernel_speed.py (docs/performance.md).
 
 `MATVEC[type](w, x, out)` has qkernels.MATVEC's contract: `out[i, r] = x[i] · W[r]` for a few
 activation rows, parallel over W's rows; here `w` may also be a tuple of same-type parts stacked
-along the output (q|k|v, gate|up), multiplied in one launch. The drivers live in this file with the intrinsics because
-numba's disk cache only notices edits to the file that defines a cached function.
+along the output (q|k|v, gate|up), multiplied in one launch. The drivers live in this file with
+the intrinsics because numba's disk cache only notices edits to the file that defines a cached
+function (akernels.py uses the IR helpers too: clear __pycache__ after editing them).
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ class Block:
         return ir.Constant(VI32, list(values))
 
     def shr(self, v, bits):
-        return self.b.lshr(v, self.lanes([bits] * LANES) if isinstance(bits, int) else bits)
+        return self.b.lshr(v, self.lanes([bits] * LANES))
 
     def mask(self, v, m):
         return self.b.and_(v, self.lanes([m] * LANES))
@@ -114,11 +116,10 @@ class Block:
         return self.b.call(fn, [a, c, d])
 
     def dot(self, scale, terms):
-        """acc += scale * sum(q_i * x[offset_i:offset_i + 16]) for terms (q_i as <16 x i32> or
-        <16 x float>, offset_i)."""
+        """acc += scale * sum(q_i * x[offset_i:offset_i + 16]) for terms (q_i as <16 x i32>, offset_i)."""
         total = None
         for q, offset in terms:
-            qf, xv = (q if q.type == VF32 else self.floats(q)), self.xs(offset)
+            qf, xv = self.floats(q), self.xs(offset)
             total = self.b.fmul(qf, xv) if total is None else self.fma(qf, xv, total)
         self.b.store(self.fma(self.splat(scale), total, self.b.load(self.acc)), self.acc)
 
