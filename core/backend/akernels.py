@@ -414,7 +414,7 @@ def _chunk_plan(mask, n_tasks, H, Dv):
     return cells, count, chunk, chunk_max, chunk_sum, chunk_acc
 
 
-@njit(fastmath=FAST, inline="always")
+@njit(fastmath=FAST, cache=True)
 def _attend_chunk(ci, chunk, q, k, v, mask, cells, count, scale, softcap, slopes, chunk_max, chunk_sum, chunk_acc):
     """One chunk of every row: scores, the chunk's softmax numerators, weighted values. With head
     sizes that are multiples of 16 the cache reads are vector-coded (scores_*, values_*: the query
