@@ -150,6 +150,7 @@ class CPUBackend(ArrayAlgebra):
             for qtype in {int(t) for t in weight_types} & KERNEL_TYPES:
                 block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
                 w = np.zeros((1, 256 // block * type_size), dtype=np.uint8)
+                w.flags.writeable = False  # as the mapped file's weights are (numba compiles per flag)
                 kernels.MATVEC[qtype](w, x, np.empty((1, 1), np.float32))
                 if qtype in kernels.MULTI_PART:  # stacked weights: q|k|v (3 parts), gate|up (2)
                     for n_parts in (2, 3):
@@ -169,7 +170,8 @@ class CPUBackend(ArrayAlgebra):
             q = np.zeros((1, 1, 4), np.float32)
             for cells in (1, SERIAL_ATTN_CELLS + 1):
                 for cache in (np.zeros((cells, 1, 4), np.float16), np.zeros((cells, 1, 4), np.float32)):
-                    self._attend_rows(q, cache, cache, np.zeros((1, cells), np.float32), 1.0, 0.0, None, np.ones(1))
+                    self._attend_rows(q, cache, cache, np.zeros((1, cells), np.float32), 1.0, 0.0, None,
+                                      alibi_slopes(1, 0.0))
             if state_space:
                 one, seq = np.zeros((1, 1), np.float32), np.zeros(1, np.int64)
                 self.ssm_conv(one, np.zeros((1, 1, 1), np.float32), np.zeros((1, 2), np.float32), seq)
