@@ -360,6 +360,7 @@ scores_1, scores_2, scores_3, scores_4 = (_scores_intrinsic(n) for n in range(1,
 values_1, values_2, values_3, values_4 = (_values_intrinsic(n) for n in range(1, MAX_GROUP + 1))
 
 
+# numba cannot pick an intrinsic from a tuple at run time: one branch per group size
 @njit(inline="always")
 def _group_scores(s, q, h0, n, rows, cells, j0, j1, col):
     if n == 4:
