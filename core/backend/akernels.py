@@ -22,7 +22,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .vkernels import F32, HAS_F16C, I32, I64, LANES, VF32, reduce_add
+from .vkernels import HAS_F16C, I32, I64, LANES, VF32, fma, reduce_add, splat
 
 F16_RESCALE = np.float32(2.0 ** 112)  # half exponent bias 15 → float bias 127
 # fastmath without "nnan"/"ninf": masked cells are -inf and the kernels test for it
@@ -205,16 +205,6 @@ def _load_values(builder, base, index, dtype):
     return builder.bitcast(builder.or_(builder.bitcast(x, VI32), sign), VF32)
 
 
-def _splat(builder, value):
-    v = builder.insert_element(ir.Constant(VF32, ir.Undefined), value, ir.Constant(I32, 0))
-    return builder.shuffle_vector(v, ir.Constant(VF32, ir.Undefined), ir.Constant(VI32, [0] * LANES))
-
-
-def _fma(builder, a, b, c):
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VF32, [VF32] * 3), "llvm.fma.v16f32")
-    return builder.call(fn, [a, b, c])
-
-
 def _cell_base(builder, rows, cells, j, col):
     """The flat index of rows[cells[j], col]."""
     c = builder.sext(builder.load(builder.gep(cells.data, [j])), I64)
@@ -241,12 +231,14 @@ def _reduce_four(builder, vectors):
     ab = builder.fadd(*_halves(builder, a, b, 16))  # a's 8 partial sums, then b's
     cd = builder.fadd(*_halves(builder, c, d, 16))
     abcd = builder.fadd(*_halves(builder, ab, cd, 8))  # 4 partial sums each
-    n = abcd.type.count
-    pairs = builder.fadd(builder.shuffle_vector(abcd, abcd, ir.Constant(ir.VectorType(I32, n // 2), list(range(0, n, 2)))),
-                         builder.shuffle_vector(abcd, abcd, ir.Constant(ir.VectorType(I32, n // 2), list(range(1, n, 2)))))
-    m = n // 2
-    return builder.fadd(builder.shuffle_vector(pairs, pairs, ir.Constant(ir.VectorType(I32, m // 2), list(range(0, m, 2)))),
-                        builder.shuffle_vector(pairs, pairs, ir.Constant(ir.VectorType(I32, m // 2), list(range(1, m, 2)))))
+    return _add_adjacent(builder, _add_adjacent(builder, abcd))
+
+
+def _add_adjacent(builder, v):
+    """Lanes 2i and 2i + 1 added: a vector half as long."""
+    n = v.type.count // 2
+    pick = lambda start: builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(start, 2 * n, 2))))  # noqa: E731
+    return builder.fadd(pick(0), pick(1))
 
 
 MAX_GROUP = 4  # query heads of one KV head handled together (their accumulators fit the registers)
@@ -285,7 +277,7 @@ def _scores_intrinsic(n_heads: int):
                     for q_row, head_accs in zip(q_rows, accs):
                         qv = builder.load(builder.bitcast(builder.gep(q_row, [off]), VF32.as_pointer()), align=4)
                         for kv, acc in zip(keys, head_accs):
-                            builder.store(_fma(builder, kv, qv, builder.load(acc)), acc)
+                            builder.store(fma(builder, kv, qv, builder.load(acc)), acc)
                 at = builder.sub(first, j0_)
                 for s_row, head_accs in zip(s_rows, accs):
                     out = builder.gep(s_row, [at])
@@ -337,9 +329,9 @@ def _values_intrinsic(n_heads: int):
                     base = _cell_base(builder, r_arr, c_arr, j, col_)
                     values = [_load_values(builder, r_arr.data, builder.add(base, o), dtype) for o in offs]
                     for p_row, head_accs in zip(p_rows, accs):
-                        pv = _splat(builder, builder.load(builder.gep(p_row, [builder.sub(j, j0_)])))
+                        pv = splat(builder, builder.load(builder.gep(p_row, [builder.sub(j, j0_)])))
                         for vv, acc in zip(values, head_accs):
-                            builder.store(_fma(builder, pv, vv, builder.load(acc)), acc)
+                            builder.store(fma(builder, pv, vv, builder.load(acc)), acc)
                 for head_ptrs, head_accs in zip(ptrs, accs):
                     for ptr, acc in zip(head_ptrs, head_accs):
                         builder.store(builder.load(acc), ptr, align=4)

@@ -35,6 +35,18 @@ HALF_TO_FLOAT_SCALE = 5.192296858534828e33  # 2**112: moves a half's exponent bi
 HAS_F16C = bool(llvm.get_host_cpu_features().get("f16c", False))
 
 
+def splat(builder: ir.IRBuilder, value):
+    """A scalar in every lane."""
+    v = builder.insert_element(ir.Constant(ir.VectorType(value.type, LANES), ir.Undefined), value, ir.Constant(I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), ir.Constant(VI32, [0] * LANES))
+
+
+def fma(builder: ir.IRBuilder, a, b, c):
+    """a * b + c on float vectors, one rounding."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VF32, [VF32] * 3), "llvm.fma.v16f32")
+    return builder.call(fn, [a, b, c])
+
+
 class Block:
     """Emits the IR for one block of one weight row: loads relative to the block's first byte
     (`at`), its first activation (`xo`) and its first 32-value sum of the activations (`so`),
@@ -82,8 +94,7 @@ class Block:
         return self.b.sext(self.b.load(self._ptr(offset, VI8), align=1), VI32)
 
     def splat(self, value):
-        v = self.b.insert_element(ir.Constant(ir.VectorType(value.type, LANES), ir.Undefined), value, self.const(0))
-        return self.b.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), ir.Constant(VI32, [0] * LANES))
+        return splat(self.b, value)
 
     def lanes(self, values):
         return ir.Constant(VI32, list(values))
@@ -112,8 +123,7 @@ class Block:
         return self.b.load(self.b.bitcast(p, VF32.as_pointer()), align=4)
 
     def fma(self, a, c, d):
-        fn = cgutils.get_or_insert_function(self.b.module, ir.FunctionType(VF32, [VF32] * 3), "llvm.fma.v16f32")
-        return self.b.call(fn, [a, c, d])
+        return fma(self.b, a, c, d)
 
     def dot(self, scale, terms):
         """acc += scale * sum(q_i * x[offset_i:offset_i + 16]) for terms (q_i as <16 x i32>, offset_i)."""
