@@ -203,8 +203,7 @@ def test_vector_kernels_widen_halves_in_integers_without_f16c(monkeypatch):
     q = rng.standard_normal((2, 32)).astype(np.float32)
     cells = np.arange(6, dtype=np.int32)
 
-    monkeypatch.setattr(vkernels, "HAS_F16C", False)
-    monkeypatch.setattr(akernels, "HAS_F16C", False)
+    monkeypatch.setattr(vkernels, "HAS_F16C", False)  # read when an intrinsic is compiled
     dot = vkernels.row_dot(20, 32, vkernels._q4_1)
     scores = akernels._scores_intrinsic(2)
 

@@ -22,7 +22,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .vkernels import HAS_F16C, I32, I64, LANES, VF32, fma, reduce_add, splat
+from .vkernels import I32, I64, LANES, VF32, fma, reduce_add, splat, widen_halves
 
 F16_RESCALE = np.float32(2.0 ** 112)  # half exponent bias 15 → float bias 127
 # fastmath without "nnan"/"ninf": masked cells are -inf and the kernels test for it
@@ -180,29 +180,14 @@ def _as_f32(x):
 # vkernels.py's helpers used here: clear __pycache__ after changing them.)
 
 VI16 = ir.VectorType(ir.IntType(16), LANES)
-VI32 = ir.VectorType(I32, LANES)
-
-
-def _lanes_i32(value):
-    return ir.Constant(VI32, [value] * LANES)
 
 
 def _load_values(builder, base, index, dtype):
-    """16 cache values at base[index:] as floats: f32 as stored, f16 bits widened (F16C, or in
-    integers: exponent and mantissa moved into place and rescaled, inf and nan rebuilt)."""
+    """16 cache values at base[index:] as floats: f32 as stored, f16 bits widened."""
     p = builder.gep(base, [index])
     if dtype == types.float32:
         return builder.load(builder.bitcast(p, VF32.as_pointer()), align=4)
-    bits = builder.load(builder.bitcast(p, VI16.as_pointer()), align=2)
-    if HAS_F16C:
-        return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), LANES)), VF32)
-    h = builder.zext(bits, VI32)
-    body = builder.shl(builder.and_(h, _lanes_i32(0x7FFF)), _lanes_i32(13))
-    finite = builder.fmul(builder.bitcast(body, VF32), ir.Constant(VF32, [float(2 ** 112)] * LANES))
-    special = builder.icmp_unsigned("==", builder.and_(h, _lanes_i32(0x7C00)), _lanes_i32(0x7C00))
-    x = builder.select(special, builder.bitcast(builder.or_(body, _lanes_i32(0x7F800000)), VF32), finite)
-    sign = builder.shl(builder.and_(h, _lanes_i32(0x8000)), _lanes_i32(16))
-    return builder.bitcast(builder.or_(builder.bitcast(x, VI32), sign), VF32)
+    return widen_halves(builder, builder.load(builder.bitcast(p, VI16.as_pointer()), align=2))
 
 
 def _cell_base(builder, rows, cells, j, col):

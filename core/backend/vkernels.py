@@ -29,10 +29,31 @@ F32, I8, I16, I32, I64 = ir.FloatType(), ir.IntType(8), ir.IntType(16), ir.IntTy
 LANES = 16
 VF32, VI32, VI8 = ir.VectorType(F32, LANES), ir.VectorType(I32, LANES), ir.VectorType(I8, LANES)
 ROWS_PER_TASK = 32  # weight rows a worker takes at a time
-HALF_TO_FLOAT_SCALE = 5.192296858534828e33  # 2**112: moves a half's exponent bias to a float's
 # numba compiles for this machine's CPU: with F16C a half converts in one instruction, without it
 # LLVM would call a runtime helper numba may not link, so the conversion is done in integers.
 HAS_F16C = bool(llvm.get_host_cpu_features().get("f16c", False))
+
+
+def widen_halves(builder: ir.IRBuilder, bits):
+    """IEEE halves (an i16, or a vector of them) as floats. With F16C one conversion; without it,
+    in integers: exponent and mantissa moved into a float's bits and rescaled by 2**112 (exact for
+    every finite half, subnormals included), inf and nan rebuilt, the sign put back."""
+    n = bits.type.count if isinstance(bits.type, ir.VectorType) else None
+    vector = (lambda t: t) if n is None else (lambda t: ir.VectorType(t, n))  # noqa: E731
+    i32, f32 = vector(I32), vector(F32)
+    if HAS_F16C:
+        return builder.fpext(builder.bitcast(bits, vector(ir.HalfType())), f32)
+
+    def const(ty, value):
+        return ir.Constant(ty, value if n is None else [value] * n)
+
+    h = builder.zext(bits, i32)
+    body = builder.shl(builder.and_(h, const(i32, 0x7FFF)), const(i32, 13))
+    finite = builder.fmul(builder.bitcast(body, f32), const(f32, float(2 ** 112)))
+    special = builder.icmp_unsigned("==", builder.and_(h, const(i32, 0x7C00)), const(i32, 0x7C00))
+    x = builder.select(special, builder.bitcast(builder.or_(body, const(i32, 0x7F800000)), f32), finite)
+    sign = builder.shl(builder.and_(h, const(i32, 0x8000)), const(i32, 16))
+    return builder.bitcast(builder.or_(builder.bitcast(x, i32), sign), f32)
 
 
 def splat(builder: ir.IRBuilder, value):
@@ -76,15 +97,8 @@ class Block:
         return self.b.load(self._ptr(offset, I32), align=1)
 
     def half(self, offset):
-        """The IEEE half at `offset` as a float. Without F16C: sign, exponent and mantissa moved
-        into a float's bits and rescaled by 2**112, exact for every finite half."""
-        raw = self.b.load(self._ptr(offset, I16), align=1)
-        if HAS_F16C:
-            return self.b.fpext(self.b.bitcast(raw, ir.HalfType()), F32)
-        h = self.b.zext(raw, I32)
-        bits = self.b.or_(self.b.shl(self.b.and_(h, self.const(0x8000)), self.const(16)),
-                          self.b.shl(self.b.and_(h, self.const(0x7FFF)), self.const(13)))
-        return self.b.fmul(self.b.bitcast(bits, F32), ir.Constant(F32, HALF_TO_FLOAT_SCALE))
+        """The IEEE half at `offset` as a float."""
+        return widen_halves(self.b, self.b.load(self._ptr(offset, I16), align=1))
 
     def bytes(self, offset):
         """16 bytes at `offset` as <16 x i32>, unsigned."""
