@@ -435,7 +435,6 @@ class CPUBackend(ArrayAlgebra):
         n_tokens, n_head, d_k = q.shape
         n_kv, n_head_kv, d_v = v.shape
         g = n_head // n_head_kv
-        slopes_g = slopes.reshape(n_head_kv, g, 1, 1)
         out = np.empty((n_tokens, n_head, d_v), dtype=np.float32)
         finite = np.isfinite(mask)
         for t0 in range(0, n_tokens, tile):
@@ -449,27 +448,26 @@ class CPUBackend(ArrayAlgebra):
             qg = q[t0:t1].reshape(rows, n_head_kv, g, d_k).transpose(1, 2, 0, 3).reshape(n_head_kv, g * rows, d_k)
             m = np.full((n_head_kv, g * rows), -np.inf, dtype=np.float32)
             l = np.zeros_like(m)
-            acc = np.zeros((n_head_kv, g * rows, d_v), dtype=np.float32)
-            for sel in _key_blocks(cols, gather):
+            alpha = np.empty_like(m)
+            acc = self._buffer("attn_acc", (n_head_kv, g * rows, d_v))
+            for b, sel in enumerate(_key_blocks(cols, gather)):
                 keys = self._rows_f32(k, sel, "attn_k").transpose(1, 2, 0)  # (h_kv, d_k, cells)
                 values = self._rows_f32(v, sel, "attn_v").transpose(1, 0, 2)  # (h_kv, cells, d_v)
                 n_sel = keys.shape[-1]
                 s = np.matmul(qg, keys, out=self._buffer("attn_s", (n_head_kv, g * rows, n_sel)))
-                _finish_scores(s.reshape(n_head_kv, g, rows, n_sel), scale, softcap, slopes_g, mask[t0:t1, sel])
-                m_new = np.maximum(m, s.max(axis=-1))
-                m_safe = np.where(np.isfinite(m_new), m_new, 0.0)
-                alpha = np.exp(m - m_safe)
-                s -= m_safe[..., None]
-                p = np.exp(s, out=s)
-                l = l * alpha + p.sum(axis=-1)
-                acc *= alpha[..., None]
-                acc += np.matmul(p, values)
-                m = m_new
+                akernels().softmax_block(s.reshape(-1, n_sel), np.ascontiguousarray(mask[t0:t1, sel]),
+                                         np.float32(scale), np.float32(softcap), slopes, m.reshape(-1),
+                                         l.reshape(-1), alpha.reshape(-1))
+                if b == 0:
+                    np.matmul(s, values, out=acc)
+                else:
+                    acc *= alpha[..., None]
+                    acc += np.matmul(s, values, out=self._buffer("attn_pv", acc.shape))
             if sinks is not None:
                 sink = np.repeat(sinks.astype(np.float32).reshape(n_head_kv, g), rows, axis=1)
                 l = l + np.exp(sink - np.where(np.isfinite(m), m, 0.0))
-            acc /= np.where(l > 0, l, 1.0)[..., None]
-            out[t0:t1] = acc.reshape(n_head_kv, g, rows, d_v).transpose(2, 0, 1, 3).reshape(rows, n_head, d_v)
+            np.divide(acc.reshape(n_head_kv, g, rows, d_v), np.where(l > 0, l, 1.0).reshape(n_head_kv, g, rows, 1),
+                      out=out[t0:t1].reshape(rows, n_head_kv, g, d_v).transpose(1, 2, 0, 3))  # back to token-major
         return out
 
     # ---- state-space ops (Mamba) ---------------------------------------------------------

@@ -4,12 +4,13 @@ A weight is its raw bytes as a `(n_out, row_bytes)` uint8 array. One block decod
 writes a block's values as float32 with ggml's arithmetic. Per type, two kernels:
 
 - `MATVEC[type](w, x, out)`: `out[i, r] = x[i] · W[r]` for a few activation rows, parallel over
-  W's rows; a weight row is read from memory once and never written out as float32. The block
-  types real models use have vector-coded row dots in vkernels.py; here remain the float rows
-  (converted a row at a time) and Q2_K/Q3_K (a block decoded into a buffer, then dotted).
-- `DEQUANT[type](w, rows, out)`: the rows `rows` of W as float32, parallel over rows: the tiles
-  of a BLAS matmul for many activation rows, and embedding lookups. Exact (no fused
-  multiply-add here), so the values equal `quants.dequantize` bit for bit.
+  W's rows; a weight row is read from memory once and never written out as float32.
+- `DEQUANT[type](w, rows, out)`: the rows `rows` of W as float32, on one thread: the tiles of a
+  BLAS matmul for many activation rows, and embedding lookups. Exact (no fused multiply-add
+  here), so the values equal `quants.dequantize` bit for bit.
+
+The block types real models use have both kernels as vector code in vkernels.py; here remain the
+float rows (converted a row at a time) and Q2_K/Q3_K (a block decoded into a buffer).
 
 `DEQUANT` also converts f16 and q8_0/q4_0 KV-cache rows a block at a time for attention.
 Each kernel is its own small numba function: numba caches top-level functions on disk, and a
@@ -47,117 +48,6 @@ def half(row, at):
 
 
 # ---- block decoders: (row bytes, block index, out) -------------------------------------------
-
-@njit(inline="always")
-def _q4_0(row, b, out, o):
-    at = b * 18
-    d = half(row, at)
-    for j in range(16):
-        q = _b(row, at + 2 + j)
-        out[o + j] = np.float32(np.int32(q & 15) - 8) * d
-        out[o + j + 16] = np.float32(np.int32(q >> 4) - 8) * d
-
-
-@njit(inline="always")
-def _q4_1(row, b, out, o):
-    at = b * 20
-    d, m = half(row, at), half(row, at + 2)
-    for j in range(16):
-        q = _b(row, at + 4 + j)
-        out[o + j] = np.float32(q & 15) * d + m
-        out[o + j + 16] = np.float32(q >> 4) * d + m
-
-
-@njit(inline="always")
-def _q5_0(row, b, out, o):
-    at = b * 22
-    d = half(row, at)
-    qh = _b(row, at + 2) | (_b(row, at + 3) << 8) | (_b(row, at + 4) << 16) | (_b(row, at + 5) << 24)
-    for j in range(16):
-        q = _b(row, at + 6 + j)
-        lo = (q & 15) | (((qh >> j) & 1) << 4)
-        hi = (q >> 4) | (((qh >> (j + 16)) & 1) << 4)
-        out[o + j] = np.float32(lo - 16) * d
-        out[o + j + 16] = np.float32(hi - 16) * d
-
-
-@njit(inline="always")
-def _q5_1(row, b, out, o):
-    at = b * 24
-    d, m = half(row, at), half(row, at + 2)
-    qh = _b(row, at + 4) | (_b(row, at + 5) << 8) | (_b(row, at + 6) << 16) | (_b(row, at + 7) << 24)
-    for j in range(16):
-        q = _b(row, at + 8 + j)
-        lo = (q & 15) | (((qh >> j) & 1) << 4)
-        hi = (q >> 4) | (((qh >> (j + 16)) & 1) << 4)
-        out[o + j] = np.float32(lo) * d + m
-        out[o + j + 16] = np.float32(hi) * d + m
-
-
-@njit(inline="always")
-def _q8_0(row, b, out, o):
-    at = b * 34
-    d = half(row, at)
-    for j in range(32):
-        out[o + j] = np.float32(np.int8(_b(row, at + 2 + j))) * d
-
-
-@njit(inline="always")
-def _k_scale_min(row, at, j):
-    """The 6-bit scale and min of sub-block j from Q4_K/Q5_K's 12 packed bytes at row[at]."""
-    if j < 4:
-        return np.float32(_b(row, at + j) & 63), np.float32(_b(row, at + j + 4) & 63)
-    sc = (_b(row, at + j + 4) & 15) | ((_b(row, at + j - 4) >> 6) << 4)
-    mn = (_b(row, at + j + 4) >> 4) | ((_b(row, at + j) >> 6) << 4)
-    return np.float32(sc), np.float32(mn)
-
-
-@njit(inline="always")
-def _q4_k(row, b, out, o):
-    at = b * 144
-    d, dmin = half(row, at), half(row, at + 2)
-    for j in range(8):
-        sc, mn = _k_scale_min(row, at + 4, j)
-        scale, offset = d * sc, dmin * mn
-        qs = at + 16 + (j // 2) * 32
-        shift = 4 * (j % 2)
-        for ll in range(32):
-            out[o + j * 32 + ll] = scale * np.float32((_b(row, qs + ll) >> shift) & 15) - offset
-
-
-@njit(inline="always")
-def _q5_k(row, b, out, o):
-    at = b * 176
-    d, dmin = half(row, at), half(row, at + 2)
-    for j in range(8):
-        sc, mn = _k_scale_min(row, at + 4, j)
-        scale, offset = d * sc, dmin * mn
-        qs = at + 48 + (j // 2) * 32
-        shift = 4 * (j % 2)
-        for ll in range(32):
-            q = ((_b(row, qs + ll) >> shift) & 15) | (((_b(row, at + 16 + ll) >> j) & 1) << 4)
-            out[o + j * 32 + ll] = scale * np.float32(q) - offset
-
-
-@njit(inline="always")
-def _q6_k(row, b, out, o):
-    at = b * 210
-    d = half(row, at + 208)
-    for n in range(2):  # two halves of 128 values
-        ql, qh, sc = at + 64 * n, at + 128 + 32 * n, at + 192 + 8 * n
-        base = 128 * n
-        for ll in range(32):
-            h = _b(row, qh + ll)
-            q1 = np.int32((_b(row, ql + ll) & 15) | ((h & 3) << 4)) - 32
-            q2 = np.int32((_b(row, ql + ll + 32) & 15) | (((h >> 2) & 3) << 4)) - 32
-            q3 = np.int32((_b(row, ql + ll) >> 4) | (((h >> 4) & 3) << 4)) - 32
-            q4 = np.int32((_b(row, ql + ll + 32) >> 4) | (((h >> 6) & 3) << 4)) - 32
-            s = ll // 16
-            out[o + base + ll] = (d * np.float32(np.int8(_b(row, sc + s)))) * np.float32(q1)
-            out[o + base + ll + 32] = (d * np.float32(np.int8(_b(row, sc + s + 2)))) * np.float32(q2)
-            out[o + base + ll + 64] = (d * np.float32(np.int8(_b(row, sc + s + 4)))) * np.float32(q3)
-            out[o + base + ll + 96] = (d * np.float32(np.int8(_b(row, sc + s + 6)))) * np.float32(q4)
-
 
 @njit(inline="always")
 def _q2_k(row, b, out, o):
@@ -326,31 +216,6 @@ def dequant_bf16(w, rows, out):
     _dequant_floats(w, rows, out, _row_bf16)
 
 
-@njit(cache=True)
-def dequant_q4_0(w, rows, out):
-    _dequant(w, rows, out, _q4_0, 32)
-
-
-@njit(cache=True)
-def dequant_q4_1(w, rows, out):
-    _dequant(w, rows, out, _q4_1, 32)
-
-
-@njit(cache=True)
-def dequant_q5_0(w, rows, out):
-    _dequant(w, rows, out, _q5_0, 32)
-
-
-@njit(cache=True)
-def dequant_q5_1(w, rows, out):
-    _dequant(w, rows, out, _q5_1, 32)
-
-
-@njit(cache=True)
-def dequant_q8_0(w, rows, out):
-    _dequant(w, rows, out, _q8_0, 32)
-
-
 @njit(parallel=True, cache=True, fastmath=_FAST)
 def matvec_q2_k(w, x, out):
     _matvec_decoded(w, x, out, _q2_k, 256)
@@ -371,25 +236,9 @@ def dequant_q3_k(w, rows, out):
     _dequant(w, rows, out, _q3_k, 256)
 
 
-@njit(cache=True)
-def dequant_q4_k(w, rows, out):
-    _dequant(w, rows, out, _q4_k, 256)
-
-
-@njit(cache=True)
-def dequant_q5_k(w, rows, out):
-    _dequant(w, rows, out, _q5_k, 256)
-
-
-@njit(cache=True)
-def dequant_q6_k(w, rows, out):
-    _dequant(w, rows, out, _q6_k, 256)
-
-
 MATVEC = {F32: matvec_f32, F16: matvec_f16, BF16: matvec_bf16, Q2_K: matvec_q2_k, Q3_K: matvec_q3_k,
           **vkernels.MATVEC}
 # types whose MATVEC also takes a tuple of same-type parts (one launch for q|k|v, gate|up)
 MULTI_PART = frozenset(vkernels.MATVEC)
-DEQUANT = {F32: dequant_f32, F16: dequant_f16, BF16: dequant_bf16, Q4_0: dequant_q4_0, Q4_1: dequant_q4_1,
-           Q5_0: dequant_q5_0, Q5_1: dequant_q5_1, Q8_0: dequant_q8_0, Q2_K: dequant_q2_k, Q3_K: dequant_q3_k,
-           Q4_K: dequant_q4_k, Q5_K: dequant_q5_k, Q6_K: dequant_q6_k}
+DEQUANT = {F32: dequant_f32, F16: dequant_f16, BF16: dequant_bf16, Q2_K: dequant_q2_k, Q3_K: dequant_q3_k,
+           **vkernels.DEQUANT}
