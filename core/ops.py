@@ -520,6 +520,17 @@ def sparse_mask(rows: int, n_kv: int, n_kv_max: int, seed: int = SPARSE_SEED, bl
     return mask
 
 
+def ring_window_mask(rows: int, n_kv: int, window: int) -> np.ndarray:
+    """A sliding window over a ring cache, as llama.cpp's SWA cache lays it out: the rows' tokens
+    sit in cells n_kv - rows // 2 onwards, wrapping past the end, and each row sees the `window`
+    newest tokens up to its own, so a tile of rows sees keys at both ends of the ring."""
+    first = n_kv - rows // 2
+    mask = np.full((rows, n_kv), -np.inf, dtype=np.float32)
+    for r in range(rows):
+        mask[r, (first + r - np.arange(window)) % n_kv] = 0.0
+    return mask
+
+
 def _fa_make(p, rng):
     nh_kv, (r1, _) = p["nh"], p["nr23"]
     q = _f32(rng, p["nb"], nh_kv * r1, p["hsk"])
@@ -527,6 +538,8 @@ def _fa_make(p, rng):
     v = k[..., : p["hsv"]] if p.get("v_is_view_of_k") else _kv_rows(rng, p["kv"], nh_kv, p["hsv"], p["type_V"])
     if p["n_kv_max"]:
         mask = sparse_mask(p["nb"], p["kv"], p["n_kv_max"], blocks=p.get("sparse") == "blocks")
+    elif p.get("window"):
+        mask = ring_window_mask(p["nb"], p["kv"], p["window"])
     else:
         mask = _mask(rng, p["nb"], p["kv"], "dense" if p["mask"] else "none")
     sinks = _f32(rng, nh_kv * r1, lo=-10, hi=10) if p["sinks"] else None
@@ -557,12 +570,13 @@ def _fa_run(b, i, p):
 
 
 def fa_params(hsk=128, hsv=128, nh=2, gqa=1, kv=512, nb=8, mask=True, sinks=False, max_bias=0.0, softcap=0.0,
-              type_kv="f16", n_kv_max=0, v_is_view_of_k=False, path="auto", sparse="random") -> dict:
+              type_kv="f16", n_kv_max=0, v_is_view_of_k=False, path="auto", sparse="random", window=0) -> dict:
     """A FLASH_ATTN_EXT case; `path` forces the dense or sparse kernel where the hint allows either;
-    `sparse` ("random" or "blocks") is the kind of sparse mask (see sparse_mask)."""
+    `sparse` ("random" or "blocks") is the kind of sparse mask (see sparse_mask); `window` > 0
+    makes the mask a sliding window over a ring cache (ring_window_mask)."""
     params = dict(hsk=hsk, hsv=hsv, nh=nh, nr23=[gqa, 1], kv=kv, nb=nb, mask=mask, sinks=sinks, max_bias=max_bias,
                   logit_softcap=softcap, prec="f32", type_K=type_kv, type_V=type_kv, v_is_view_of_k=v_is_view_of_k,
-                  n_kv_max=n_kv_max)
+                  n_kv_max=n_kv_max, **({"window": window} if window else {}))
     if not n_kv_max:
         return params
     return {**params, "path": path, **({"sparse": sparse} if sparse != "random" else {})}
@@ -581,6 +595,8 @@ def _fa_cases(quick: bool) -> list[dict]:
             cases.append(fa_params(hsk, hsk, 2, gqa, 512, nb, **variant))
     for kv in (4096,):
         cases.append(fa_params(128, 128, 2, 4, kv, 8))
+    for type_kv in ("f16", "q8_0"):  # a prompt's tiles over a wrapped sliding-window ring
+        cases.append(fa_params(64, 64, 2, 4, 1024, 300, window=256, type_kv=type_kv))
     for path in ("dense", "sparse"):
         for kv, n_kv_max, nb, gqa in ((4096, 512, 1, 8), (4096, 512, 8, 4), (1025, 96, 24, 1), (768, 64, 3, 2),
                                       (4096, 2048, 4, 16), (113, 17, 20, 1)):

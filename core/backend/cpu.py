@@ -23,6 +23,8 @@ ATTN_BLOCK = 128
 # Keys per block of the online softmax: very long caches never need a full score row, and f16
 # or quantized cache rows are converted a block at a time into a reused buffer.
 KV_BLOCK = 1024
+# A run of at least this many keys no row of a tile sees is skipped, not multiplied through.
+SKIP_GAP = 128
 # Query rows up to which attention over an f32/f16 cache runs akernels.attend_rows (which reads
 # the cache in place) instead of BLAS over converted blocks; measured faster up to here.
 FEW_ATTN_ROWS = 2
@@ -415,28 +417,28 @@ class CPUBackend(ArrayAlgebra):
                slopes, sinks, use_sinks, attention_tasks(), out)
         return out
 
-    @staticmethod
-    def _scores(qg, keys_t, scale, softcap, slopes_g, mask_part):
-        """(…, rows, cols) scores with scale, softcap, ALiBi slope and mask."""
-        return _finish_scores(np.matmul(qg, keys_t), scale, softcap, slopes_g, mask_part)
-
     def _attend_tiles(self, q, k, v, mask, scale, softcap, sinks, slopes, tile: int = ATTN_BLOCK,
                       gather: bool = False) -> np.ndarray:
         """Query tiles × key blocks with an online softmax. The query heads sharing a KV head are
         stacked into one matrix (one BLAS call per KV head), and the score block is reused and
-        updated in place. A prompt of several tiles converts f16/quantized rows once for all.
+        updated in place. A prompt of several tiles converts the f16/quantized rows it sees once
+        for all (from the first cell any row sees to the last).
 
         Keys no row of a tile sees are skipped: outside the span from the first to the last seen
         key always, and inside it too when `gather` is set and the seen keys fill less than
         GATHER_DENSITY of the span. Those keys (the union of the tile's sparse selections) are
         then gathered into the key blocks, so a top-k mask costs its union, not the context."""
-        if len(q) > ATTN_BLOCK:
-            k, v = as_float(k), as_float(v)
+        finite = np.isfinite(mask)
+        if len(q) > ATTN_BLOCK:  # the cells some row sees, converted once for all tiles
+            seen = np.flatnonzero(finite.any(axis=0))
+            if len(seen):
+                span = slice(seen[0], seen[-1] + 1)
+                k, v = self._rows_f32(k, span, "attn_k_span"), self._rows_f32(v, span, "attn_v_span")
+                mask, finite = mask[:, span], finite[:, span]
         n_tokens, n_head, d_k = q.shape
         n_kv, n_head_kv, d_v = v.shape
         g = n_head // n_head_kv
         out = np.empty((n_tokens, n_head, d_v), dtype=np.float32)
-        finite = np.isfinite(mask)
         for t0 in range(0, n_tokens, tile):
             t1 = min(t0 + tile, n_tokens)
             rows = t1 - t0
@@ -518,27 +520,16 @@ class CPUBackend(ArrayAlgebra):
 
 
 def _key_blocks(cols: np.ndarray, gather: bool):
-    """The key blocks covering the seen columns `cols` (ascending): ranges over their span, or,
-    when gathering pays, the columns themselves KV_BLOCK at a time."""
+    """The key blocks covering the seen columns `cols` (ascending): ranges over their runs (a gap
+    of SKIP_GAP unseen keys or more splits a run: a sliding window's ring cache wraps, so a
+    tile's keys lie at both ends), or, when gathering pays, the columns themselves KV_BLOCK at a
+    time."""
     span = cols[-1] + 1 - cols[0]
     if gather and len(cols) < GATHER_DENSITY * span:
         return [cols[j:j + KV_BLOCK] for j in range(0, len(cols), KV_BLOCK)]
-    return [slice(c0, min(c0 + KV_BLOCK, cols[-1] + 1)) for c0 in range(cols[0], cols[-1] + 1, KV_BLOCK)]
-
-
-def _finish_scores(s: np.ndarray, scale: float, softcap: float, slopes_g: np.ndarray, mask_part: np.ndarray):
-    """Raw q·k scores to softcap(s·scale) + slope·mask, in place (a prompt's score block is its
-    attention's largest array); returns s."""
-    s *= np.float32(scale)
-    if softcap:
-        s /= np.float32(softcap)
-        np.tanh(s, out=s)
-        s *= np.float32(softcap)
-    if np.all(slopes_g == 1.0):
-        s += mask_part
-    else:
-        s += slopes_g * mask_part
-    return s
+    gaps = np.flatnonzero(np.diff(cols) > SKIP_GAP)
+    starts, ends = np.append(cols[0], cols[gaps + 1]), np.append(cols[gaps] + 1, cols[-1] + 1)
+    return [slice(c0, min(c0 + KV_BLOCK, end)) for start, end in zip(starts, ends) for c0 in range(start, end, KV_BLOCK)]
 
 
 @lru_cache(maxsize=None)
