@@ -483,7 +483,8 @@ MATVEC = {2: matvec_q4_0, 3: matvec_q4_1, 6: matvec_q5_0, 7: matvec_q5_1, 8: mat
 
 
 # Dequantization: one thread (the tiles feed BLAS, whose threads would spin against numba's); the
-# vector code writes a value in well under a nanosecond, several times the scalar decoders' speed.
+# vector code writes a value in about 0.1 ns (numba's scalar decoders took 0.6-0.7). One function
+# per type, like the mat-vecs: numba caches top-level functions.
 
 @njit(inline="always")
 def _unpack_rows(w, rows, out, unpack):
