@@ -62,7 +62,7 @@ def generate(
     params = opt.context_params(ctx_size, batch_size, ubatch_size, parallel, kv, ctx_kind, swa_full,
                                 cache_type_k, cache_type_v, backend, attn, numerics,
                                 SparseParams(sparse_topk, sparse_block, sparse_local, sparse_layers))
-    lm, t_load = open_model(model, backend)
+    lm, t_load = open_model(model, backend, (params.type_k, params.type_v))
     ctx = Context(lm, params)
     if settings["verbose"]:
         ctx.attn_stats = AttnStats()

@@ -142,10 +142,12 @@ class CPUBackend(ArrayAlgebra):
                               "expanded to f32 at load")
         return out
 
-    def prepare(self, weight_types, state_space: bool = False) -> None:
+    def prepare(self, weight_types, state_space: bool = False, cache_types=("f16",)) -> None:
         """Compile (the first time on a machine) or load from numba's cache the kernels a model
         with these weight types (and, for a recurrent model, the state-space ops) needs: each one
-        runs once on a one-block weight."""
+        runs once on a one-block weight. Decode attention is warmed for the cache types given
+        (f16 and f32 caches are read in place, each by its own compiled variant; other types
+        take the block kernels)."""
         kernels = qkernels()
         x = np.ones((1, 256), dtype=np.float32)
         try:
@@ -170,8 +172,9 @@ class CPUBackend(ArrayAlgebra):
                 self.rms_norm(q, None, 1e-5)
                 self.rms_norm(q, np.ones(4, np.float32), 1e-5)
             q = np.zeros((1, 1, 4), np.float32)
+            in_place = [dtype for name, dtype in (("f16", np.float16), ("f32", np.float32)) if name in cache_types]
             for cells in (1, SERIAL_ATTN_CELLS + 1):
-                for cache in (np.zeros((cells, 1, 4), np.float16), np.zeros((cells, 1, 4), np.float32)):
+                for cache in (np.zeros((cells, 1, 4), dtype) for dtype in in_place):
                     self._attend_rows(q, cache, cache, np.zeros((1, cells), np.float32), 1.0, 0.0, None,
                                       alibi_slopes(1, 0.0))
             if state_space:

@@ -114,7 +114,7 @@ class CUDABackend(ArrayAlgebra):
 
     # ---- weights -------------------------------------------------------------------------
 
-    def prepare(self, weight_types, state_space: bool = False) -> None:
+    def prepare(self, weight_types, state_space: bool = False, cache_types=("f16",)) -> None:
         """Nothing to do: the kernels were compiled when the backend started."""
 
     def load_weight(self, raw: np.ndarray, qtype, shape: tuple[int, ...], name: str = ""):
