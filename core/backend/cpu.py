@@ -173,6 +173,9 @@ class CPUBackend(ArrayAlgebra):
                 self.rms_norm(q, np.ones(4, np.float32), 1e-5)
             q = np.zeros((1, 1, 4), np.float32)
             in_place = [dtype for name, dtype in (("f16", np.float16), ("f32", np.float32)) if name in cache_types]
+            one = np.zeros(1, np.float32)
+            akernels().softmax_block(np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32), np.float32(1),
+                                     np.float32(0), alibi_slopes(1, 0.0), one, one.copy(), one.copy())  # prompt tiles
             for cells in (1, SERIAL_ATTN_CELLS + 1):
                 for cache in (np.zeros((cells, 1, 4), dtype) for dtype in in_place):
                     self._attend_rows(q, cache, cache, np.zeros((1, cells), np.float32), 1.0, 0.0, None,
