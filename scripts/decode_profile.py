@@ -1,6 +1,7 @@
 """Where one decoded token's time goes: weights (matmuls, embedding rows), attention, the other
 ops, and Python (the rest: graph, memory bookkeeping, dispatch). With --prompt N, where one
-prompt ubatch of N tokens goes instead (the fastest of -n runs, each on a fresh copy of the depth).
+prompt ubatch of N tokens goes instead (the fastest of -n runs, at most 8, each on a fresh copy of
+the depth).
 
     python scripts/decode_profile.py [-m smollm2-135m] [-d 0,4096] [-n 32] [-ctk f16] [--prompt 512]
 
@@ -93,7 +94,7 @@ def main() -> None:
     args = ap.parse_args()
     model = load_model(resolve_model(args.model))
     if hasattr(model.backend, "prepare") and hasattr(model, "weight_types"):
-        model.backend.prepare(model.weight_types)
+        model.backend.prepare(model.weight_types, cache_types=(args.cache_type,))
     unit = f"ms/pp{args.prompt}" if args.prompt else "ms/token"
     print(f"| model | depth | cache | {unit} | weights | attention | other ops | python |")
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
