@@ -178,16 +178,18 @@ class Runner:
             self.on_warning(f"{test.name} needs {needed} positions, more than the {model.hparams.n_ctx_train} "
                             f"{model.name} was trained on (possible training context overflow)")
         ctx = Context(model, inst.context_params())
+        if ctx.kind == "encoder" and (test.n_gen or test.n_depth):
+            raise InvalidInputError(f"{test.name}: {model.arch} is an encoder; only pp (the encoder) can be timed")
         result = Result(inst)
         if self.warmup:
             self.on_event("warmup")
-            ctx.memory.clear()
+            self._reset(ctx, test)
             if test.n_prompt:
                 self._prompt(ctx, test.n_prompt)
             if test.n_gen:
                 self._gen(ctx, 1)
         for rep in range(self.repetitions):
-            ctx.memory.clear()
+            self._reset(ctx, test)
             if test.n_depth:
                 self._prefill_depth(ctx, inst)
             self.on_event(f"rep {rep + 1}/{self.repetitions}")
@@ -199,6 +201,14 @@ class Runner:
             result.samples_ns.append(time.perf_counter_ns() - t0)
         return result
 
+    def _reset(self, ctx: Context, test: Test) -> None:
+        """Empty memory; an encoder-decoder timing no pp (the encoder) gets a one-token encoder
+        output for its decoder to attend, outside the timer."""
+        if ctx.memory is not None:
+            ctx.memory.clear()
+        if ctx.kind == "enc-dec" and not test.n_prompt:
+            self._prompt(ctx, 1)
+
     def _prefill_depth(self, ctx: Context, inst: Instance) -> None:
         """Depth outside the timer: decoded once, then restored from the saved state."""
         key = (inst.model, inst.test.n_depth, inst.kv, inst.type_k, inst.type_v, inst.backend,
@@ -209,22 +219,24 @@ class Runner:
             ctx.load_state_bytes(state)
             return
         self.on_event("depth")
-        self._prompt(ctx, inst.test.n_depth)
+        self._prompt(ctx, inst.test.n_depth, decoder=True)
         self._depth_states[key] = ctx.state_bytes()
 
     def _first_token(self, ctx: Context) -> int:
         vocab = ctx.model.vocab
         return vocab.bos if vocab.add_bos else int(self.rng.integers(ctx.model.hparams.n_vocab))
 
-    def _prompt(self, ctx: Context, n: int) -> None:
-        """n random tokens in -b chunks (first of each chunk BOS when the model adds it), last one outputs."""
-        n_vocab, n_batch = ctx.model.hparams.n_vocab, ctx.params.n_batch
+    def _prompt(self, ctx: Context, n: int, decoder: bool = False) -> None:
+        """n random tokens in -b chunks (first of each chunk BOS when the model adds it), last one
+        outputs. An encoder-decoder's prompt is its encoder's (in -ub chunks), unless `decoder`."""
+        encode = ctx.kind == "enc-dec" and not decoder
+        n_vocab, n_batch = ctx.model.hparams.n_vocab, ctx.params.n_ubatch if encode else ctx.params.n_batch
         done = 0
         while done < n:
             size = min(n_batch, n - done)
             tokens = self.rng.integers(0, n_vocab, size).astype(np.int32)
             tokens[0] = self._first_token(ctx)
-            self._decode(ctx, Batch.from_tokens(tokens))
+            self._decode(ctx, Batch.from_tokens(tokens), encode)
             done += size
 
     def _gen(self, ctx: Context, n: int) -> None:
@@ -234,8 +246,8 @@ class Runner:
             token = int(self.rng.integers(ctx.model.hparams.n_vocab))
 
     @staticmethod
-    def _decode(ctx: Context, batch: Batch) -> None:
-        status = ctx.decode(batch)
+    def _decode(ctx: Context, batch: Batch, encode: bool = False) -> None:
+        status = ctx.encode(batch) if encode else ctx.decode(batch)
         if status != DecodeStatus.OK:
             raise LLMError(f"decode failed ({status.name.lower().replace('_', ' ')}): {ctx.last_error}")
 

@@ -1,5 +1,10 @@
-"""`Context`: a model plus its memory; `decode` runs batches the way llama_decode does, and the
-state (memory plus the tokens it holds) can be saved and loaded whole or per sequence."""
+"""`Context`: a model plus its memory; `decode` runs batches the way llama_decode does, `encode`
+runs an encoder the way llama_encode does, and the state (memory plus the tokens it holds, and an
+encoder-decoder's encoder output) can be saved and loaded whole or per sequence.
+
+Context kinds (`--ctx`): a causal `decoder` over a memory, `no-kv` (a decoder without a cache),
+`encoder` (no memory; embeddings, pooled per sequence) and `enc-dec` (the encoder's output is
+kept for the decoder's cross-attention)."""
 
 from __future__ import annotations
 
@@ -12,9 +17,12 @@ import numpy as np
 
 from .backend import NUMERICS, get_backend
 from .batch import Batch, BatchAllocator
+from .cross import CrossInput
+from .embeddings import POOLING_NAMES, pool
 from .errors import InvalidInputError, excerpt
 from .graph import AttnStats, Graph
-from .memory import MemoryParams, MemoryStatus
+from .memory import MemoryParams, MemoryStatus, resolve_kinds
+from .memory.batch_only import BatchOnlyContext
 from .models.base import Model
 from .statefile import StateFileError, StateReader, StateWriter
 
@@ -23,7 +31,7 @@ STATE_MAGIC, SEQ_STATE_MAGIC = b"LLMSTATE", b"LLMSEQST"
 # --prompt-cache: sequence 0's, or the saved sequence's, at positions 0..n-1), the memory's own
 # fields, and a CRC-32 of all that. Keys are stored rotated to the positions recorded: a pending
 # K-shift is applied before writing, so no shift is saved.
-STATE_VERSION = 2
+STATE_VERSION = 3
 ATTN_PATHS = ("auto", "dense", "sparse")
 
 
@@ -42,6 +50,8 @@ class ContextParams(MemoryParams):
     n_batch: int = 2048
     backend: str = "cpu"
     numerics: str = "f32"  # "ggml": matmul activations rounded as ggml-cpu does (closer to llama.cpp)
+    embeddings: bool = False  # outputs are hidden states (per token, or pooled), not logits
+    pooling: str = "auto"  # auto: the model's pooling type
 
     def validate(self) -> None:
         """Refuse flag values that cannot work whatever the model (checked before loading one)."""
@@ -55,6 +65,8 @@ class ContextParams(MemoryParams):
             raise InvalidInputError(f"unknown --numerics '{self.numerics}' (choose from {', '.join(NUMERICS)})")
         if self.attn not in ATTN_PATHS:
             raise InvalidInputError(f"unknown --attn '{self.attn}' (choose from {', '.join(ATTN_PATHS)})")
+        if self.pooling not in ("auto", *POOLING_NAMES):
+            raise InvalidInputError(f"unknown --pooling '{self.pooling}' (choose from {', '.join(POOLING_NAMES)})")
         self.validate_flags()
 
 
@@ -89,12 +101,19 @@ class Context:
             raise InvalidInputError(f"the model was loaded for the {model.backend.name} backend, not {params.backend}")
         self.model, self.params = model, params
         self.backend = get_backend(params.backend, params.attn, params.numerics)
-        self.memory = model.create_memory(params, self.backend.xp)
-        self.kind = "no-kv" if self.memory.kind == "none" else "decoder"
+        _, self.kind = resolve_kinds(model.arch, model.memory_spec(), params)
+        self.memory = None if self.kind == "encoder" else model.create_memory(params, self.backend.xp)
+        self.embeddings = params.embeddings or self.kind == "encoder"
+        self.pooling = params.pooling if params.pooling != "auto" else (hp.pooling or "none")
+        if params.embeddings and self.kind == "enc-dec":
+            raise InvalidInputError(f"embeddings of an encoder-decoder model ({model.arch}) are not supported, "
+                                    "as in llama.cpp")
+        self.cross: CrossInput | None = None  # the last encode's output (enc-dec)
         self.balloc = BatchAllocator(hp.n_vocab, params.n_seq_max)
         self._logits_store: np.ndarray | None = None
-        self.logits = np.empty((0, hp.n_vocab), dtype=np.float32)
+        self.logits = np.empty((0, self.output_width), dtype=np.float32)  # or embeddings, per output row
         self.output_ids = np.empty(0, dtype=np.int64)  # batch index → logits row (-1: no output)
+        self.embd_seq: dict[int, np.ndarray] = {}  # pooled embeddings of the last batch's sequences
         self.perf = PerfCounters()
         self.last_error = ""
         self.observer = observer  # observer(name, ubatch, tensor) sees named intermediates
@@ -104,19 +123,29 @@ class Context:
     def n_ctx(self) -> int:
         return self.params.n_ctx
 
+    @property
+    def output_width(self) -> int:
+        hp = self.model.hparams
+        return hp.n_embd if self.embeddings else hp.n_vocab
+
     # ---- decoding ------------------------------------------------------------------------
 
     def decode(self, batch: Batch) -> DecodeStatus:
         """Run a batch; on failure the memory is as before the failed ubatch (the ubatches done
         before it stay, as in llama.cpp): the memory context rolls that ubatch back."""
+        if self.memory is None:  # an encoder: llama_decode forwards to llama_encode
+            return self.encode(batch)
         t0 = time.perf_counter()
         self.last_error = ""
         self._invalidate_outputs()
         if len(batch) > self.params.n_batch:
             return self._fail(DecodeStatus.INVALID_BATCH,
                               f"the batch has {len(batch)} tokens, more than -b {self.params.n_batch}")
+        if self.kind == "enc-dec" and self.cross is None:
+            return self._fail(DecodeStatus.INVALID_BATCH, f"{self.model.arch}'s decoder needs an encoded input: "
+                                                          "encode before decoding")
         try:
-            self.balloc.init(batch, self.memory)
+            self.balloc.init(batch, self.memory, output_all=self.embeddings)
         except InvalidInputError as e:
             return self._fail(DecodeStatus.INVALID_BATCH, str(e))
         self.memory.update(self.backend)
@@ -135,7 +164,8 @@ class Context:
                 contiguous = len(rows) > 0 and bool(np.all(np.diff(rows) == 1))
                 target = logits[rows[0]:rows[-1] + 1] if contiguous else None
                 out = self.model.forward(Graph(self.model, mctx, self.backend, self.observer, target,
-                                                stats=self.attn_stats))
+                                                stats=self.attn_stats, embeddings=self.embeddings,
+                                                cross=self.cross))
                 if not contiguous:
                     logits[self.backend.asarray(rows)] = out
             except KeyboardInterrupt:
@@ -149,21 +179,61 @@ class Context:
                 raise
             if not mctx.next():
                 break
-        self.logits, self.output_ids = logits, out_pos
+        self._set_outputs(logits, out_pos)
         self.perf.add(len(batch), time.perf_counter() - t0)
         return DecodeStatus.OK
+
+    def encode(self, batch: Batch) -> DecodeStatus:
+        """Run the encoder over a batch in one micro-batch, each sequence attending all of its own
+        tokens. An encoder context then holds the embeddings; an encoder-decoder one keeps the
+        output for its decoder (replacing the last encode's)."""
+        t0 = time.perf_counter()
+        self.last_error = ""
+        self._invalidate_outputs()
+        if self.kind not in ("encoder", "enc-dec"):
+            return self._fail(DecodeStatus.INVALID_BATCH, f"{self.model.arch} has no encoder")
+        if len(batch) > self.params.n_ubatch:
+            return self._fail(DecodeStatus.INVALID_BATCH, f"the encoder takes a batch in one micro-batch: "
+                                                          f"{len(batch)} tokens, more than -ub {self.params.n_ubatch}")
+        try:
+            self.balloc.init(batch, None, output_all=True)
+        except InvalidInputError as e:
+            return self._fail(DecodeStatus.INVALID_BATCH, str(e))
+        ub = self.balloc.split_simple(len(batch))[0]
+        mctx = BatchOnlyContext(ub, causal=False, xp=self.backend.xp)
+        target = self._logits_buffer(len(batch)) if self.kind == "encoder" else None
+        try:
+            out = self.model.encode(Graph(self.model, mctx, self.backend, self.observer, target, embeddings=True))
+        except KeyboardInterrupt:
+            return self._fail(DecodeStatus.ABORTED, "interrupted")
+        except InvalidInputError as e:
+            return self._fail(DecodeStatus.INVALID_BATCH, str(e))
+        except (MemoryError, FloatingPointError) as e:
+            return self._fail(DecodeStatus.COMPUTE_FAILED, f"compute failed: {e}")
+        if self.kind == "enc-dec":
+            self.cross = CrossInput(out, ub.seq_id, self.backend.xp)
+        else:
+            self._set_outputs(out, np.arange(len(batch)))
+        self.perf.add(len(batch), time.perf_counter() - t0)
+        return DecodeStatus.OK
+
+    def _set_outputs(self, rows: np.ndarray, out_pos: np.ndarray) -> None:
+        """Publish a decode's outputs; embeddings are also pooled per sequence unless pooling is none."""
+        self.logits, self.output_ids = rows, out_pos
+        if self.embeddings and self.pooling != "none":
+            self.embd_seq = pool(self.backend.to_numpy(rows), self.balloc.seq_id, self.balloc.pos, self.pooling)
 
     def _invalidate_outputs(self) -> None:
         """Outputs belong to one decode: a failed decode leaves none (its ubatches may have
         overwritten rows of the shared buffer), as llama_decode resets them when it starts."""
         self.logits = self.logits[:0]
         self.output_ids = np.empty(0, dtype=np.int64)
+        self.embd_seq = {}
 
     def _logits_buffer(self, n_rows: int) -> np.ndarray:
         """Rows for this decode's logits, reusing one buffer (logits stay valid until the next decode)."""
-        n_vocab = self.model.hparams.n_vocab
         if self._logits_store is None or len(self._logits_store) < n_rows:
-            self._logits_store = self.backend.xp.empty((n_rows, n_vocab), dtype=np.float32)
+            self._logits_store = self.backend.xp.empty((n_rows, self.output_width), dtype=np.float32)
         return self._logits_store[:n_rows]
 
     def _fail(self, status: DecodeStatus, message: str) -> DecodeStatus:
@@ -172,15 +242,34 @@ class Context:
 
     def get_logits(self, i: int = -1) -> np.ndarray:
         """Logits of batch index i of the last decode (-1: the last output); valid until the next decode."""
+        if self.embeddings:
+            raise InvalidInputError("this context computes embeddings, not logits")
+        return self._output_row(i, "logits")
+
+    def get_embeddings(self, i: int = -1) -> np.ndarray:
+        """The embedding of batch index i of the last decode or encode (-1: the last output)."""
+        if not self.embeddings:
+            raise InvalidInputError("this context computes logits; embeddings need --embeddings or an encoder")
+        return self._output_row(i, "an embedding")
+
+    def get_embeddings_seq(self, seq: int) -> np.ndarray:
+        """Sequence seq's pooled embedding from the last decode or encode."""
+        if self.pooling == "none" or not self.embeddings:
+            raise InvalidInputError("this context does not pool embeddings per sequence")
+        if seq not in self.embd_seq:
+            raise InvalidInputError(f"the last batch held no tokens of sequence {seq}")
+        return self.embd_seq[seq]
+
+    def _output_row(self, i: int, what: str) -> np.ndarray:
         if self.last_error:
-            raise InvalidInputError(f"no logits: the last decode failed ({self.last_error})")
+            raise InvalidInputError(f"no {what}: the last decode failed ({self.last_error})")
         if i < 0:
             if len(self.logits) == 0:
-                raise InvalidInputError("the last batch produced no logits")
+                raise InvalidInputError(f"the last batch produced no {what}")
             return self.logits[-1]
         row = self.output_ids[i] if i < len(self.output_ids) else -1
         if row < 0:
-            raise InvalidInputError(f"batch index {i} did not request logits")
+            raise InvalidInputError(f"batch index {i} did not request {what}")
         return self.logits[row]
 
     # ---- state files ---------------------------------------------------------------------
@@ -190,6 +279,7 @@ class Context:
 
         A pending K-shift is applied first: state files hold keys at the positions they record
         and carry no shift of their own."""
+        self._check_stateful()
         self.memory.update(self.backend)
         w = StateWriter()
         w.parts.append(STATE_MAGIC if seq is None else SEQ_STATE_MAGIC)
@@ -199,10 +289,21 @@ class Context:
         w.str(self.memory.kind)
         w.array(np.asarray(tokens, dtype=np.int32))
         self.memory.state_write(w, seq)
+        if self.kind == "enc-dec":
+            if self.cross is None:
+                CrossInput.write_none(w, self.model.hparams.n_embd)
+            else:
+                self.cross.state_write(w)
         return w.getvalue()
 
+    def _check_stateful(self) -> None:
+        if self.memory is None:
+            raise InvalidInputError(f"an encoder context ({self.model.arch}) keeps no state to save or load")
+
     def load_state_bytes(self, data: bytes, seq: int | None = None, what: str = "state") -> list[int]:
-        """Check everything, then replace the memory (or sequence `seq`); returns the saved tokens."""
+        """Check everything, then replace the memory (or sequence `seq`), and an encoder-decoder's
+        encoder output; returns the saved tokens."""
+        self._check_stateful()
         r = StateReader(data, what)
         magic = STATE_MAGIC if seq is None else SEQ_STATE_MAGIC
         if bytes(r._take(len(magic), "the magic number")) != magic:
@@ -223,12 +324,16 @@ class Context:
         if seq is not None and not 0 <= seq < self.params.n_seq_max:
             raise InvalidInputError(f"sequence {seq} is out of range (-np {self.params.n_seq_max})")
         loaded = self.memory.state_read(r, seq)
+        if self.kind == "enc-dec":
+            cross = CrossInput.state_read(r, self.model.hparams.n_embd, self.params.n_seq_max, self.backend.xp)
         r.done()
         described = 0 if seq is None else seq
         if len(tokens) and loaded.pos_max.get(described, -1) != len(tokens) - 1:
             raise r.fail(f"its {len(tokens)} tokens do not match sequence {described}, which ends at "
                          f"position {loaded.pos_max.get(described, -1)}")
         loaded.commit()
+        if self.kind == "enc-dec":
+            self.cross = cross
         return tokens.tolist()
 
     def save_state(self, path: str | Path, tokens=()) -> None:

@@ -1,6 +1,6 @@
 """`Graph`: one ubatch in flight. A model's forward pass is written against these helpers; the
-doors to the memory are `attn` (attention layers) and `rs` (recurrent layers), and every numeric
-op goes through the backend."""
+doors to the memory are `attn` (attention layers) and `rs` (recurrent layers), `cross_attn` reads
+the encoder output an encoder-decoder context keeps, and every numeric op goes through the backend."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ import numpy as np
 
 
 class Graph:
-    def __init__(self, model, mctx, backend, observer=None, logits_out: np.ndarray | None = None, stats=None):
+    def __init__(self, model, mctx, backend, observer=None, logits_out: np.ndarray | None = None, stats=None,
+                 embeddings: bool = False, cross=None):
         self.hp = model.hparams
+        self.embeddings = embeddings  # `logits` returns the normed hidden state instead (llama.cpp's t_embd)
+        self.cross = cross  # the encoder output a decoder attends (a CrossInput), if any
         self.observer = observer
         self.logits_out = logits_out  # where the output rows' logits go, if the caller has a buffer
         self.mctx = mctx
@@ -38,8 +41,14 @@ class Graph:
     def norm(self, x: np.ndarray, weight: np.ndarray | None) -> np.ndarray:
         return self.ops.rms_norm(x, weight, self.hp.rms_eps)
 
-    def linear(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-        return self.ops.matmul(x, weight)
+    def layer_norm(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+        return self.ops.norm(x, self.hp.norm_eps) * weight + bias
+
+    def linear(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        out = self.ops.matmul(x, weight)
+        if bias is not None:
+            out += bias
+        return out
 
     def rope(self, x: np.ndarray, il: int) -> np.ndarray:
         """RoPE at the ubatch positions with layer il's frequency base."""
@@ -48,24 +57,37 @@ class Graph:
             self._rope_tables[key] = self.ops.rope_cache(self.ub.pos, self.hp.n_rot, *key)
         return self.ops.rope(x, self._rope_tables[key], neox=self.hp.rope_neox)
 
-    def attn(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
+    def attn(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, kq_bias=None) -> np.ndarray:
         """Store this ubatch's K/V for layer il, attend over the memory with the mask the layer's
-        producer makes; returns (n_tokens, n_head*d_v)."""
+        producer makes; returns (n_tokens, n_head*d_v). `kq_bias(query_pos, key_pos)` gives a
+        per-head bias (n_head, n_rows, n_kv) added to the scores (T5's relative positions)."""
         view = self.mctx.layer(il)
         view.store(k, v)
         groups = view.groups()
         if len(groups) == 1:
-            return self._attend(il, q, groups[0], scale).reshape(len(q), -1)
+            return self._attend(il, q, groups[0], scale, kq_bias).reshape(len(q), -1)
         out = self.ops.xp.empty((len(q), q.shape[1], v.shape[2]), dtype=np.float32)
         for g in groups:  # one per cache stream
             rows = g.rows if isinstance(g.rows, slice) else self.ops.asarray(g.rows)
-            out[rows] = self._attend(il, q[rows], g, scale)
+            out[rows] = self._attend(il, q[rows], g, scale, kq_bias)
         return out.reshape(len(q), -1)
 
-    def _attend(self, il: int, q, group, scale: float):
+    def cross_attn(self, il: int, q: np.ndarray, project, scale: float) -> np.ndarray:
+        """Attention over the encoder output: `project(encoder_output)` gives layer il's K and V
+        (n_enc, n_head_kv, d), made once per encode; a token sees its own sequence's encoder tokens."""
+        if self.cross is None:
+            raise RuntimeError("cross-attention before any encode")
+        k, v = self.cross.kv(il, project)
+        mask = self.cross.mask(self.ub.seq_id)
+        return self.ops.flash_attn_ext(q, k, v, mask, scale).reshape(len(q), -1)
+
+    def _attend(self, il: int, q, group, scale: float, kq_bias=None):
         t0 = time.perf_counter() if self.stats is not None else 0.0
         mask, n_kv_max = self._mask(il, q, group)
-        out = self.ops.flash_attn_ext(q, group.keys, group.values, mask, scale, n_kv_max=n_kv_max)
+        if kq_bias is not None:  # llama.cpp never uses flash attention with a KQ bias
+            out = self.ops.attn_soft_max(q, group.keys, group.values, mask + kq_bias(group.pos, group.cell_pos), scale)
+        else:
+            out = self.ops.flash_attn_ext(q, group.keys, group.values, mask, scale, n_kv_max=n_kv_max)
         if self.stats is not None:
             self.ops.synchronize()
             self.stats.add(il, group, mask, time.perf_counter() - t0, self.ops, n_kv_max)
@@ -96,7 +118,18 @@ class Graph:
         return tuple(self.ops.take_rows(x, self.out_rows) for x in xs)
 
     def logits(self, x: np.ndarray, norm_weight: np.ndarray, head: np.ndarray) -> np.ndarray:
-        return self.ops.matmul(self.cb("result_norm", -1, self.norm(x, norm_weight)), head, out=self.logits_out)
+        """The output rows' logits, or under `embeddings` their normed hidden states."""
+        h = self.cb("result_norm", -1, self.norm(x, norm_weight))
+        if self.embeddings:
+            return self.embd(h)
+        return self.ops.matmul(h, head, out=self.logits_out)
+
+    def embd(self, x: np.ndarray) -> np.ndarray:
+        """An embeddings output (n_outputs, n_embd), into the caller's buffer if it has one."""
+        if self.logits_out is None:
+            return x
+        self.logits_out[...] = x
+        return self.logits_out
 
 
 class AttnStats:

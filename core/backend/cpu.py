@@ -385,6 +385,19 @@ class CPUBackend(ArrayAlgebra):
             total = total + np.exp(sinks[:, None, None] - m)
         return e / np.where(total > 0, total, 1.0)
 
+    @staticmethod
+    def attn_soft_max(q, k, v, mask, scale: float) -> np.ndarray:
+        """softmax(q·kᵀ·scale + mask)·v unfused, as llama.cpp computes attention that has a KQ bias
+        (T5's position bias): mask (n_head or 1, n_tokens, n_kv) carries the bias as well. GQA;
+        k/v may be cache rows of any type; a fully masked row yields zeros."""
+        k, v = as_float(k), as_float(v)
+        group = q.shape[1] // k.shape[1]
+        qh = np.ascontiguousarray(q.transpose(1, 0, 2), dtype=np.float32)
+        kh = np.repeat(k.transpose(1, 2, 0), group, axis=0)  # (n_head, d_k, n_kv)
+        vh = np.repeat(v.transpose(1, 0, 2), group, axis=0)  # (n_head, n_kv, d_v)
+        scores = np.matmul(qh, kh) * np.float32(scale) + mask
+        return np.matmul(CPUBackend.softmax(scores), vh).transpose(1, 0, 2)
+
     def flash_attn_ext(self, q, k, v, mask=None, scale: float = 1.0, softcap: float = 0.0, sinks=None,
                        max_bias: float = 0.0, n_kv_max: int = 0, path: str | None = None) -> np.ndarray:
         """softmax(softcap(q·kᵀ·scale) + slope·mask)·v with GQA, sinks and an optional sparse hint.

@@ -22,7 +22,7 @@ from .recurrent import RecurrentMemory
 from .spec import AttnSpec, MemorySpec, RecurrentSpec
 from .storage import CACHE_TYPES, check_cache_type, row_bytes
 
-CTX_KINDS = ("auto", "decoder", "encoder", "no-kv")
+CTX_KINDS = ("auto", "decoder", "encoder", "enc-dec", "no-kv")
 MAX_SEQ = 256
 
 
@@ -82,10 +82,12 @@ def memory_kind(name: str, nbytes, refuses, holds_kv: bool = True):
 
 
 def resolve_kinds(arch: str, spec: MemorySpec, p: MemoryParams) -> tuple[str, str]:
-    """(memory kind, context kind) for a decoder model, or InvalidInputError saying why not."""
+    """(memory kind, context kind) for a model, or InvalidInputError saying why not. An encoder
+    gets no memory ("" here); an encoder-decoder's memory serves its decoder."""
     p.validate_flags()
-    if p.ctx == "encoder":
-        raise InvalidInputError(f"--ctx encoder needs an encoder model; {arch} is a causal decoder")
+    if spec.model_kind == "encoder":
+        return "", _encoder_context(arch, p)
+    _check_decoder_context(arch, spec, p)
     kv = p.kv if p.kv != "auto" else ("none" if p.ctx == "no-kv" else default_kind(spec))
     reason = MEMORY_KINDS[kv].refuses(spec, arch, p)
     if reason:
@@ -97,7 +99,31 @@ def resolve_kinds(arch: str, spec: MemorySpec, p: MemoryParams) -> tuple[str, st
     if not MEMORY_KINDS[kv].holds_kv and p.cache_types_given and spec.of(RecurrentSpec):
         raise InvalidInputError(f"-ctk/-ctv set the types of cached keys and values; {arch}'s recurrent "
                                 "states are float32")
+    if spec.model_kind == "enc-dec":
+        return kv, "enc-dec"
     return kv, ("no-kv" if kv == "none" else "decoder")
+
+
+def _encoder_context(arch: str, p: MemoryParams) -> str:
+    if p.ctx not in ("auto", "encoder"):
+        raise InvalidInputError(f"--ctx {p.ctx} needs a causal decoder; {arch} is an encoder (use --ctx encoder)")
+    if p.kv not in ("auto", "none"):
+        raise InvalidInputError(f"--kv {p.kv} caches keys for a decoder; {arch} is an encoder and keeps no memory")
+    if p.sparse.topk:
+        raise InvalidInputError(f"--sparse-topk selects cached keys; {arch} is an encoder and keeps no memory")
+    return "encoder"
+
+
+def _check_decoder_context(arch: str, spec: MemorySpec, p: MemoryParams) -> None:
+    if spec.model_kind == "enc-dec":
+        if p.ctx not in ("auto", "enc-dec"):
+            raise InvalidInputError(f"{arch} is an encoder-decoder: use --ctx enc-dec (with --kv none to decode "
+                                    "without a cache)")
+        return
+    if p.ctx == "encoder":
+        raise InvalidInputError(f"--ctx encoder needs an encoder model; {arch} is a causal decoder")
+    if p.ctx == "enc-dec":
+        raise InvalidInputError(f"--ctx enc-dec needs a model with an encoder; {arch} is a causal decoder")
 
 
 def mask_producers(spec: MemorySpec, p: MemoryParams) -> dict[int, MaskProducer]:
@@ -134,7 +160,9 @@ def default_kind(spec: MemorySpec) -> str:
 
 def create_memory(spec: MemorySpec, arch: str, p: MemoryParams, xp=np) -> Memory:
     """The memory the flags ask for, for a model that declared `spec`, its arrays in `xp`."""
-    kv, _ = resolve_kinds(arch, spec, p)
+    kv, ctx = resolve_kinds(arch, spec, p)
+    if ctx == "encoder":
+        raise InvalidInputError(f"{arch} is an encoder: its context keeps no memory")
     kind = MEMORY_KINDS[kv]
     if kind.holds_kv:
         for il, layer in spec.of(AttnSpec).items():

@@ -55,10 +55,12 @@ LayerSpec = AttnSpec | RecurrentSpec
 
 @dataclass(frozen=True)
 class MemorySpec:
-    """A model's memory layout: one spec per layer, and the vocabulary size (token histories are
-    validated against it)."""
+    """A model's memory layout: one spec per layer, the vocabulary size (token histories are
+    validated against it), and what kind of model holds it: a causal "decoder", an "encoder" that
+    keeps no memory (BERT), or an "enc-dec" whose layers here are its decoder's (T5)."""
     layers: dict[int, LayerSpec] = field(default_factory=dict)
     n_vocab: int = 1 << 31
+    model_kind: str = "decoder"
 
     def of(self, kind: type) -> dict[int, LayerSpec]:
         return {il: s for il, s in self.layers.items() if isinstance(s, kind)}

@@ -12,7 +12,7 @@ from gguf import LlamaFileType
 
 from ..backend import get_backend
 from ..batch import POS_LIMIT
-from ..errors import ModelFileError, printable
+from ..errors import ModelFileError, UnsupportedError, printable
 from ..gguf import GGUFFile
 from ..memory import AttnSpec, Memory, MemoryParams, MemorySpec, RecurrentSpec, RopeSpec, create_memory
 from ..vocab import Vocab
@@ -33,6 +33,8 @@ class HParams:
     n_ff: int
     n_rot: int
     rms_eps: float
+    norm_eps: float = 1e-5  # LayerNorm's epsilon, for the models that use it
+    pooling: str = ""  # GGUF pooling_type: how an embeddings context pools a sequence ("": not given)
     rope_freq_base: float = 10000.0
     rope_freq_scale: float = 1.0
     rope_neox: bool = False
@@ -65,12 +67,11 @@ MAX_LAYERS = 1 << 12
 MAX_FF = 1 << 24
 MAX_VOCAB = 1 << 24
 MAX_ROPE_BASE = 1e12  # real models use up to ~1e7; float32 must hold its powers
-_BLOCK_NAME = re.compile(r"blk\.(\d+)\.")
 
 
-def read_hparams(gguf: GGUFFile, arch: str) -> HParams:
-    """The hyper-parameters every decoder-only transformer GGUF carries, checked for type, range
-    and consistency with each other and with the tensors in the file."""
+def read_hparams(gguf: GGUFFile, arch: str, block_prefix: str = "blk.") -> HParams:
+    """The hyper-parameters every transformer GGUF carries, checked for type, range and
+    consistency with each other and with the tensors in the file (blocks named block_prefix N.)."""
     key = lambda name: f"{arch}.{name}"  # noqa: E731
     get = lambda name, *a, **kw: gguf.get_int(key(name), *a, per_layer=True, **kw)  # noqa: E731
     n_embd = get("embedding_length", lo=1, hi=MAX_EMBD)
@@ -91,7 +92,7 @@ def read_hparams(gguf: GGUFFile, arch: str) -> HParams:
         n_vocab=n_vocab,
         n_ctx_train=get("context_length", lo=1, hi=POS_LIMIT),
         n_embd=n_embd,
-        n_layer=count_blocks(gguf, get("block_count", lo=1, hi=MAX_LAYERS)),
+        n_layer=count_blocks(gguf, get("block_count", lo=1, hi=MAX_LAYERS), block_prefix),
         n_head=n_head,
         n_head_kv=n_head_kv,
         head_dim_k=head_dim_k,
@@ -104,12 +105,13 @@ def read_hparams(gguf: GGUFFile, arch: str) -> HParams:
     )
 
 
-def count_blocks(gguf: GGUFFile, n_layer: int) -> int:
-    """block_count, checked against the `blk.N.` tensors the file holds."""
-    present = {int(m.group(1)) for name in gguf.tensors if (m := _BLOCK_NAME.match(name))}
+def count_blocks(gguf: GGUFFile, n_layer: int, prefix: str = "blk.", key: str = "block_count") -> int:
+    """A block count, checked against the `{prefix}N.` tensors the file holds."""
+    pattern = re.compile(re.escape(prefix) + r"(\d+)\.")
+    present = {int(m.group(1)) for name in gguf.tensors if (m := pattern.match(name))}
     if present != set(range(n_layer)):
-        raise ModelFileError(f"{gguf.path}: block_count is {n_layer} but the file holds tensors of "
-                             f"{len(present)} blocks" + (f" (up to blk.{max(present)})" if present else ""))
+        raise ModelFileError(f"{gguf.path}: {key} is {n_layer} but the file holds tensors of "
+                             f"{len(present)} blocks" + (f" (up to {prefix}{max(present)})" if present else ""))
     return n_layer
 
 
@@ -166,6 +168,16 @@ class Model:
     def forward(self, g) -> np.ndarray:
         """Run one ubatch; return the logits of its output rows, (n_outputs, n_vocab)."""
         raise NotImplementedError
+
+    def encode(self, g) -> np.ndarray:
+        """Run the encoder over one ubatch (attention within each sequence, both ways); return its
+        output, (n_tokens, n_embd). Only models with an encoder have one."""
+        raise NotImplementedError(f"{self.arch} has no encoder")
+
+    def require_cpu(self) -> None:
+        """Refuse a backend whose kernels this architecture does not use yet."""
+        if self.backend.name != "cpu":
+            raise UnsupportedError(f"{self.arch} runs on the cpu backend only for now (--backend cpu)")
 
     def memory_spec(self) -> MemorySpec:
         """The memory layout, one spec per layer: here every layer is attention as the decoder

@@ -34,6 +34,7 @@ class SSMHParams:
     d_state: int
     dt_rank: int  # Mamba-2: the number of heads
     n_group: int = 1
+    pooling: str = ""  # state-space GGUFs carry no pooling type; --pooling chooses one
 
 
 def read_ssm_hparams(gguf: GGUFFile, arch: str) -> SSMHParams:
