@@ -10,14 +10,14 @@ import typer
 
 from llmsuite.core.errors import LLMError, printable
 
-from . import bench, generate, models, perplexity, testops, tokenize
+from . import bench, embed, generate, models, perplexity, testops, tokenize
 from .common import settings
 
 MAX_ERROR_CHARS = 500
 
 app = typer.Typer(
     name="llm",
-    help="llama.cpp's tools over a hackable Python engine: generate, bench, perplexity, test-ops, tokenize, pull, models, info.",
+    help="llama.cpp's tools over a hackable Python engine: generate, embed, bench, perplexity, test-ops, tokenize, pull, models, info.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -31,6 +31,7 @@ def _options(verbose: Annotated[bool, typer.Option("-v", "--verbose", help="log 
 
 
 app.command("generate")(generate.generate)
+app.command("embed")(embed.embed)
 app.command("bench")(bench.bench)
 app.command("perplexity")(perplexity.perplexity)
 app.command("test-ops")(testops.test_ops)

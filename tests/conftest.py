@@ -14,6 +14,8 @@ from llmsuite.core.models import load_model
 FIXTURES = Path(__file__).parent / "fixtures"
 REAL_MODELS = ["smollm2-135m", "gemma3-270m"]
 TINY_GEMMA3 = FIXTURES / "tiny" / "tiny-gemma3-swa.gguf"
+TINY_BERT = FIXTURES / "tiny" / "tiny-bert.gguf"
+TINY_T5 = FIXTURES / "tiny" / "tiny-t5.gguf"
 TINY_SSM = {"mamba": FIXTURES / "tiny" / "tiny-mamba.gguf", "mamba2": FIXTURES / "tiny" / "tiny-mamba2.gguf"}
 
 
@@ -30,6 +32,11 @@ def real_model(name: str):
 @lru_cache(maxsize=None)
 def tiny_gemma3():
     return load_model(TINY_GEMMA3)
+
+
+@lru_cache(maxsize=None)
+def tiny_model(path: Path):
+    return load_model(path)
 
 
 @lru_cache(maxsize=None)

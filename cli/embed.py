@@ -1,0 +1,110 @@
+"""`llm embed`: one embedding per input, like llama-embedding (inputs decoded together as separate
+sequences; pooled with the model's pooling type or --pooling; normalized as --embd-normalize says)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import numpy as np
+import typer
+
+from llmsuite.core.context import Context
+from llmsuite.core.embeddings import POOLING_NAMES, check_normalize, cosine, embed_inputs, normalize
+from llmsuite.core.errors import InvalidInputError, excerpt
+from llmsuite.core.memory.factory import MAX_SEQ
+
+from . import options as opt
+from .common import open_model, progress_display, read_text_file
+
+OUTPUT_FORMATS = ("plain", "json", "json+", "array")
+
+
+def embed(
+    texts: Annotated[Optional[list[str]], typer.Argument(help="texts to embed, one vector each")] = None,
+    model: opt.Model = None,
+    file: Annotated[Optional[Path], typer.Option("-f", "--file", help="embed each line (or separated part) of a file")] = None,
+    pooling: Annotated[str, typer.Option("--pooling", help=f"auto (the model's) | {' | '.join(POOLING_NAMES)}")] = "auto",
+    embd_normalize: Annotated[int, typer.Option("--embd-normalize", help="-1 none, 0 max absolute (int16 range), "
+                                                "1 taxicab, 2 euclidean, >2 p-norm")] = 2,
+    output_format: Annotated[str, typer.Option("-o", "--embd-output-format", help="plain | json | json+ | array")] = "plain",
+    separator: Annotated[str, typer.Option("--embd-separator", help="what separates the inputs of -f")] = "\n",
+    ctx_size: opt.CtxSize = 0,
+    batch_size: opt.BatchSize = 2048,
+    kv: opt.Kv = "auto",
+    ctx_kind: opt.Ctx = "auto",
+    cache_type_k: opt.CacheTypeK = None,
+    cache_type_v: opt.CacheTypeV = None,
+    backend: opt.Backend = "cpu",
+    numerics: opt.Numerics = "f32",
+) -> None:
+    """Embed texts (llama-embedding): the vectors go to stdout, nothing until all are made."""
+    inputs = _inputs(texts or [], file, separator)
+    check_normalize(embd_normalize)
+    if output_format not in OUTPUT_FORMATS:
+        raise InvalidInputError(f"unknown --embd-output-format '{output_format}' (choose from {', '.join(OUTPUT_FORMATS)})")
+    # as llama-embedding: a batch is one micro-batch (an encoder sees each sequence whole)
+    params = opt.context_params(ctx_size, batch_size, batch_size, min(len(inputs), MAX_SEQ), kv, ctx_kind,
+                                False, cache_type_k, cache_type_v, backend, numerics=numerics)
+    params.embeddings, params.pooling = True, pooling
+    lm, _ = open_model(model, backend, (params.type_k, params.type_v))
+    if pooling == "auto" and not lm.hparams.pooling:
+        raise InvalidInputError(f"{lm.name} ({lm.arch}) has no pooling type: give --pooling mean or last "
+                                "(or none for one vector per token)")
+    ctx = Context(lm, params)  # caps -b at the context size, and the micro-batch with it
+    tokens = [_tokenize(lm, text, i, ctx.params.n_batch) for i, text in enumerate(inputs)]
+    with progress_display() as progress:
+        task = progress.add_task(f"embedding {len(inputs)} inputs", total=len(inputs))
+        vectors = embed_inputs(ctx, tokens, on_batch=lambda n: progress.advance(task, n))
+    if ctx.pooling == "none":
+        vectors = [row for per_token in vectors for row in per_token]
+    vectors = [normalize(v, embd_normalize) for v in vectors]
+    labels = inputs if ctx.pooling != "none" else []
+    sys.stdout.write(format_embeddings(vectors, output_format, embd_normalize == 0, labels))
+    sys.stdout.flush()
+
+
+def _inputs(texts: list[str], file: Path | None, separator: str) -> list[str]:
+    if not separator:
+        raise InvalidInputError("--embd-separator cannot be empty")
+    inputs = list(texts)
+    if file is not None:
+        inputs += read_text_file(file).split(separator)
+    if not inputs:
+        raise InvalidInputError("nothing to embed: give texts as arguments or -f FILE")
+    for i, text in enumerate(inputs):
+        if not text:
+            raise InvalidInputError(f"input {i + 1} is empty" + (" (an empty line in -f?)" if file else ""))
+    return inputs
+
+
+def _tokenize(lm, text: str, i: int, n_batch: int) -> list[int]:
+    tokens = lm.vocab.tokenize(text, add_special=True, parse_special=True)
+    if len(tokens) > n_batch:
+        raise InvalidInputError(f"input {i + 1} ({excerpt(text, 40)}) has {len(tokens)} tokens, more than the batch "
+                                f"of {n_batch} (-b, at most -c); llama-embedding refuses it too")
+    return tokens
+
+
+def format_embeddings(vectors: list[np.ndarray], fmt: str, integral: bool, labels: list[str]) -> str:
+    """llama-embedding's layouts: plain lines (with the cosine matrix of several pooled inputs),
+    an OpenAI-style json list (json+ adds the cosine matrix), or a bare array of arrays."""
+    number = "{:1.0f}" if integral else "{:1.7f}"
+    arrays = ["[" + ",".join(number.format(x) for x in v) + "]" for v in vectors]
+    if fmt == "array":
+        return "[" + ",".join(arrays) + "]\n"
+    if fmt in ("json", "json+"):
+        items = [f'    {{\n      "object": "embedding",\n      "index": {j},\n      "embedding": {a}\n    }}'
+                 for j, a in enumerate(arrays)]
+        out = '{\n  "object": "list",\n  "data": [\n' + ",\n".join(items) + "\n  ]"
+        if fmt == "json+" and len(vectors) > 1:
+            rows = ["    [" + ", ".join(f"{cosine(a, b):6.2f}" for b in vectors) + " ]" for a in vectors]
+            out += ',\n  "cosineSimilarity": [\n' + ",\n".join(rows) + "\n  ]"
+        return out + "\n}\n"
+    cell = "{:6.0f}" if integral else "{:9.6f}"
+    lines = [f"embedding {j}: " + " ".join(cell.format(x) for x in v) for j, v in enumerate(vectors)]
+    if len(labels) > 1:
+        lines += ["", "cosine similarity matrix:", "", " ".join(f"{t[:6]:>6}" for t in labels)]
+        lines += [" ".join(f"{cosine(a, b):6.2f}" for b in vectors) + " " + t[:10] for a, t in zip(vectors, labels)]
+    return "\n".join(lines) + "\n"
