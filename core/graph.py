@@ -8,6 +8,8 @@ import time
 
 import numpy as np
 
+from .moe import route
+
 
 class Graph:
     def __init__(self, model, mctx, backend, observer=None, logits_out: np.ndarray | None = None, stats=None,
@@ -110,6 +112,22 @@ class Graph:
     def ffn(self, x: np.ndarray, gate_up: np.ndarray, down: np.ndarray, act: str) -> np.ndarray:
         """Gated feed-forward with the gate and up projections fused into one weight."""
         return self.ops.matmul(self.ops.gated_ffn(self.ops.matmul(x, gate_up), act), down)
+
+    def moe(self, x: np.ndarray, p, w, act: str = "swiglu", il: int = -1) -> np.ndarray:
+        """A mixture-of-experts FFN (`p` MoEParams, `w` MoEWeights): the router picks each token's
+        experts, each expert runs over only the rows routed to it, and their outputs are summed with
+        the router's weights; shared experts run for every row."""
+        r = route(self.ops.to_numpy(self.ops.matmul(x, w.router)), p, w.selection_bias)
+        self.cb("ffn_moe_topk", il, r.experts)
+        self.cb("ffn_moe_weights", il, r.weights)
+        out = self.ops.xp.zeros(x.shape, dtype=np.float32)
+        for e in np.unique(r.experts):
+            rows, slot = np.nonzero(r.experts == e)
+            h = self.ffn(self.ops.take_rows(x, rows), w.gate_up[e], w.down[e], act)
+            out[self.ops.asarray(rows)] += h * self.ops.asarray(r.weights[rows, slot])[:, None]
+        if w.shared_gate_up is not None:
+            out += self.ffn(x, w.shared_gate_up, w.shared_down, act)
+        return out
 
     def select_outputs(self, *xs: np.ndarray) -> tuple[np.ndarray, ...]:
         """Keep only the rows that produce outputs (done before the last layer's FFN)."""

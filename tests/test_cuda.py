@@ -132,12 +132,13 @@ def logits_on(backend: str, path: Path, tokens: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("shape", ["smollm2-135m", "gemma3-270m", "tiny-gemma3-swa"])
+@pytest.mark.parametrize("shape", ["smollm2-135m", "gemma3-270m", "tiny-gemma3-swa", "tiny-llama-moe", "tiny-qwen3"])
 def test_engine_on_the_device_equals_the_cpu_engine(cuda, shape, tmp_path):
     """Whole forward passes (prompt-sized, so the WMMA kernel, and the plain path for head 32 of the
-    tiny model) against the CPU engine, which the real-model tests tie to llama.cpp."""
-    if shape == "tiny-gemma3-swa":
-        path = TINY_GEMMA3
+    tiny models; experts routed on the host) against the CPU engine, which the real-model and
+    fixture tests tie to llama.cpp."""
+    if shape.startswith("tiny-"):
+        path = TINY_GEMMA3.parent / f"{shape}.gguf"
     else:
         random_model = runpy.run_path(str(SCRIPTS / "random_model.py"))
         path = random_model["write_random_model"](shape, tmp_path / f"{shape}.gguf")

@@ -85,6 +85,22 @@ def test_forward_passes_launch_as_declared(cuda, tmp_path, preset, attn):
         <= set(fake_cupy.RawModule.launches)
 
 
+@pytest.mark.parametrize("name", ["tiny-llama-moe", "tiny-qwen3"])
+def test_tiny_models_launch_as_declared(cuda, name):
+    """Mixture of experts (routing on the host, each expert's rows on the device) and Qwen3's
+    per-head norms go through the device ops."""
+    from conftest import FIXTURES
+    from llmsuite.core.batch import Batch
+    from llmsuite.core.context import Context, ContextParams
+    from llmsuite.core.models import load_model
+
+    model = load_model(FIXTURES / "tiny" / f"{name}.gguf", backend="cuda")
+    ctx = Context(model, ContextParams(n_ctx=64, n_ubatch=16, backend="cuda"))
+    assert ctx.decode(Batch.from_tokens(list(range(3, 40)), all_outputs=True)) == 0, ctx.last_error
+    assert ctx.logits.shape == (37, 49152)
+    assert {"rms_norm_f32", "rope_f32", "swiglu_fused_f32"} <= set(fake_cupy.RawModule.launches)
+
+
 def test_block_topk_makes_its_mask_on_the_device(cuda):
     """Under CuPy the producer runs its array code on device arrays (the mask never visits the
     host) and selects what the CPU's compiled kernel selects."""

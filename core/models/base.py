@@ -14,6 +14,7 @@ from ..backend import get_backend
 from ..batch import POS_LIMIT
 from ..errors import ModelFileError, UnsupportedError, printable
 from ..gguf import GGUFFile
+from ..moe import MoEParams
 from ..memory import AttnSpec, Memory, MemoryParams, MemorySpec, RecurrentSpec, RopeSpec, create_memory
 from ..vocab import Vocab
 
@@ -35,6 +36,7 @@ class HParams:
     rms_eps: float
     norm_eps: float = 1e-5  # LayerNorm's epsilon, for the models that use it
     pooling: str = ""  # GGUF pooling_type: how an embeddings context pools a sequence ("": not given)
+    moe: MoEParams | None = None  # the experts of a mixture-of-experts model
     rope_freq_base: float = 10000.0
     rope_freq_scale: float = 1.0
     rope_neox: bool = False
@@ -210,12 +212,16 @@ class Model:
             out = self.backend.load_weight(gguf.raw(name), info.type, info.numpy_shape, name)
         else:
             out = self.backend.load_weight(gguf.raw(name), info.type, (info.n_elements,), name).reshape(shape)
-        if len(shape) == 2 and matrix:
+        self.note_loaded(info, matrix=len(shape) == 2 and matrix)
+        return out
+
+    def note_loaded(self, info, matrix: bool = True) -> None:
+        """Count a loaded tensor for the progress bar; a matmul weight's type for `prepare`."""
+        if matrix:
             self.weight_types.add(info.type)
         self._loaded += info.n_bytes
         if self._progress:
             self._progress(self._loaded, self._to_load)
-        return out
 
     def fused(self, gguf: GGUFFile, names_shapes: list[tuple[str, tuple[int, int]]]) -> np.ndarray:
         """Several (n_out_i, n_in) weights stacked into one (sum n_out_i, n_in) matrix."""

@@ -1,4 +1,5 @@
-"""Llama (and SmolLM, Mistral-style dense models): RMSNorm, RoPE, GQA attention, SwiGLU FFN."""
+"""Llama (and SmolLM, Mistral-style dense models): RMSNorm, RoPE, GQA attention, SwiGLU FFN; with
+`expert_count` in the GGUF, Mixtral's mixture of experts (softmax router, top-k, weights renormalized)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..gguf import GGUFFile
-from .base import Model
+from ..moe import MoEWeights, load_moe, read_moe_params
+from .base import HParams, Model, read_hparams
 from .registry import register
 
 
@@ -18,13 +20,19 @@ class LlamaLayer:
     wqkv: np.ndarray  # q, k and v projections stacked
     wo: np.ndarray
     ffn_norm: np.ndarray
-    ffn_gate_up: np.ndarray  # gate and up projections stacked
-    ffn_down: np.ndarray
+    ffn_gate_up: np.ndarray | None  # gate and up projections stacked (dense layers)
+    ffn_down: np.ndarray | None
+    moe: MoEWeights | None = None
 
 
 @register("llama")
 class Llama(Model):
     arch = "llama"
+
+    def load_hparams(self, gguf: GGUFFile) -> HParams:
+        hp = read_hparams(gguf, self.arch)
+        hp.moe = read_moe_params(gguf, self.arch, hp.n_ff, norm_weights=True)
+        return hp
 
     def load_tensors(self, gguf: GGUFFile) -> None:
         hp = self.hparams
@@ -32,12 +40,13 @@ class Llama(Model):
         self.layers = []
         for il in range(hp.n_layer):
             wqkv, wo = self.attention_weights(gguf, il)
-            gate_up, down = self.gated_ffn_weights(gguf, il)
+            moe = load_moe(self, gguf, f"blk.{il}", hp.moe, hp.n_embd) if hp.moe else None
+            gate_up, down = (None, None) if moe else self.gated_ffn_weights(gguf, il)
             self.layers.append(LlamaLayer(
                 attn_norm=self.weight(gguf, f"blk.{il}.attn_norm.weight", (hp.n_embd,)),
                 wqkv=wqkv, wo=wo,
                 ffn_norm=self.weight(gguf, f"blk.{il}.ffn_norm.weight", (hp.n_embd,)),
-                ffn_gate_up=gate_up, ffn_down=down,
+                ffn_gate_up=gate_up, ffn_down=down, moe=moe,
             ))
         self.output_norm = self.weight(gguf, "output_norm.weight", (hp.n_embd,))
         self.output = self.output_head(gguf, self.token_embd)
@@ -52,6 +61,8 @@ class Llama(Model):
             if il == hp.n_layer - 1:
                 attn, x = g.select_outputs(attn, x)
             x = x + g.linear(attn, layer.wo)
-            x = x + g.ffn(g.norm(x, layer.ffn_norm), layer.ffn_gate_up, layer.ffn_down, "swiglu")
+            h = g.norm(x, layer.ffn_norm)
+            x = x + (g.moe(h, hp.moe, layer.moe, il=il) if layer.moe else
+                     g.ffn(h, layer.ffn_gate_up, layer.ffn_down, "swiglu"))
             g.cb("l_out", il, x)
         return g.logits(x, self.output_norm, self.output)
