@@ -37,6 +37,7 @@ def generate(
     cache_type_v: opt.CacheTypeV = None,
     backend: opt.Backend = "cpu",
     attn: opt.Attn = "auto",
+    attn_impl: opt.AttnImpl = "auto",
     numerics: opt.Numerics = "f32",
     sparse_topk: opt.SparseTopk = 0,
     sparse_block: opt.SparseBlock = opt.SPARSE.block,
@@ -61,7 +62,7 @@ def generate(
         raise InvalidInputError("--system only applies with --chat")
     params = opt.context_params(ctx_size, batch_size, ubatch_size, parallel, kv, ctx_kind, swa_full,
                                 cache_type_k, cache_type_v, backend, attn, numerics,
-                                SparseParams(sparse_topk, sparse_block, sparse_local, sparse_layers))
+                                SparseParams(sparse_topk, sparse_block, sparse_local, sparse_layers), attn_impl)
     lm, t_load = open_model(model, backend, (params.type_k, params.type_v))
     ctx = Context(lm, params)
     if settings["verbose"]:

@@ -24,6 +24,8 @@ CacheTypeK = Annotated[Optional[str], typer.Option("-ctk", "--cache-type-k", hel
 CacheTypeV = Annotated[Optional[str], typer.Option("-ctv", "--cache-type-v", help=f"V cache type: {_CACHE_HELP}")]
 Backend = Annotated[str, typer.Option("--backend", help="compute backend: cpu (cuda with CuPy)")]
 Attn = Annotated[str, typer.Option("--attn", help="attention where masks are sparse: auto|dense|sparse")]
+AttnImpl = Annotated[str, typer.Option("--attn-impl", help="latent-attention models (deepseek2): mla caches the "
+                                       "latent, naive K and V per head (auto: mla)")]
 SPARSE = SparseParams()  # the defaults of --sparse-block, --sparse-local and --sparse-layers
 SparseTopk = Annotated[int, typer.Option("--sparse-topk", help="block top-k: keep each query's best blocks up to K cells (0: dense)")]
 SparseBlock = Annotated[int, typer.Option("--sparse-block", help="cells per block of --sparse-topk (a power of two)")]
@@ -34,14 +36,15 @@ Numerics = Annotated[str, typer.Option("--numerics", help="f32 | ggml (matmul ac
 
 def context_params(ctx_size: int, batch_size: int, ubatch_size: int, parallel: int, kv: str, ctx: str,
                    swa_full: bool, cache_type_k: str | None, cache_type_v: str | None, backend: str = "cpu",
-                   attn: str = "auto", numerics: str = "f32", sparse: SparseParams | None = None) -> ContextParams:
+                   attn: str = "auto", numerics: str = "f32", sparse: SparseParams | None = None,
+                   attn_impl: str = "auto") -> ContextParams:
     """The flags as ContextParams (-ctk/-ctv None: not given), checked before any model is loaded."""
     given = cache_type_k is not None or cache_type_v is not None
     cache_type_k, cache_type_v = cache_types(backend, cache_type_k, cache_type_v)
     params = ContextParams(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size, n_seq_max=parallel,
                            type_k=cache_type_k, type_v=cache_type_v, swa_full=swa_full, kv=kv, ctx=ctx,
                            backend=backend, attn=attn, numerics=numerics, cache_types_given=given,
-                           sparse=sparse or SparseParams())
+                           sparse=sparse or SparseParams(), attn_impl=attn_impl)
     params.validate()
     get_backend(backend, numerics=numerics)  # an unavailable backend is refused before the model loads
     return params

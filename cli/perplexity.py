@@ -41,6 +41,7 @@ def perplexity(
     cache_type_v: opt.CacheTypeV = None,
     backend: opt.Backend = "cpu",
     attn: opt.Attn = "auto",
+    attn_impl: opt.AttnImpl = "auto",
     numerics: opt.Numerics = "f32",
     sparse_topk: opt.SparseTopk = 0,
     sparse_block: opt.SparseBlock = opt.SPARSE.block,
@@ -74,7 +75,7 @@ def perplexity(
     sparse = SparseParams(sparse_topk, sparse_block, sparse_local, sparse_layers)
     cache_type_k, cache_type_v = opt.cache_types(backend, cache_type_k, cache_type_v)
     opt.context_params(ctx_size, batch_size, min(ubatch_size, batch_size), 1, kv, ctx_kind, swa_full,
-                       given_k, given_v, backend, attn, numerics, sparse)
+                       given_k, given_v, backend, attn, numerics, sparse, attn_impl)
     lm, _ = open_model(model, backend, (cache_type_k, cache_type_v))
     if base is not None:
         if base.n_vocab != lm.hparams.n_vocab or base.vocab_fp != vocab_fingerprint(lm.vocab):
@@ -93,7 +94,7 @@ def perplexity(
     _check_memory(plan, lm.hparams.n_vocab)
     ctx = Context(lm, opt.context_params(plan.n_seq * plan.n_ctx, plan.n_batch, min(ubatch_size, plan.n_batch),
                                          plan.n_seq, kv, ctx_kind, swa_full, given_k, given_v, backend,
-                                         attn, numerics, sparse))
+                                         attn, numerics, sparse, attn_impl))
     if cli_settings["verbose"]:
         ctx.attn_stats = AttnStats()
     log(f"perplexity: calculating perplexity over {plan.n_chunk} chunks, n_ctx={plan.n_ctx}, "

@@ -101,7 +101,8 @@ class Context:
             raise InvalidInputError(f"the model was loaded for the {model.backend.name} backend, not {params.backend}")
         self.model, self.params = model, params
         self.backend = get_backend(params.backend, params.attn, params.numerics)
-        _, self.kind = resolve_kinds(model.arch, model.memory_spec(), params)
+        self.attn_impl = model.resolve_attn_impl(params)
+        _, self.kind = resolve_kinds(model.arch, model.memory_spec(self.attn_impl), params)
         self.memory = None if self.kind == "encoder" else model.create_memory(params, self.backend.xp)
         self.embeddings = params.embeddings or self.kind == "encoder"
         self.pooling = params.pooling if params.pooling != "auto" else (hp.pooling or "none")
@@ -165,7 +166,7 @@ class Context:
                 target = logits[rows[0]:rows[-1] + 1] if contiguous else None
                 out = self.model.forward(Graph(self.model, mctx, self.backend, self.observer, target,
                                                 stats=self.attn_stats, embeddings=self.embeddings,
-                                                cross=self.cross))
+                                                cross=self.cross, attn_impl=self.attn_impl))
                 if not contiguous:
                     logits[self.backend.asarray(rows)] = out
             except KeyboardInterrupt:

@@ -5,16 +5,30 @@ the encoder output an encoder-decoder context keeps, and every numeric op goes t
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
 from .moe import route
 
 
+@dataclass
+class IndexerInput:
+    """A DSA layer's lightning-indexer inputs for the ubatch: per token its key (n_tokens, d) to
+    keep, and its queries (n_tokens, n_head, d) and head weights (n_tokens, n_head) to score with."""
+    k: np.ndarray
+    q: np.ndarray
+    w: np.ndarray
+
+    def rows(self, rows) -> "IndexerInput":
+        return IndexerInput(self.k, self.q[rows], self.w[rows])
+
+
 class Graph:
     def __init__(self, model, mctx, backend, observer=None, logits_out: np.ndarray | None = None, stats=None,
-                 embeddings: bool = False, cross=None):
+                 embeddings: bool = False, cross=None, attn_impl: str = "naive"):
         self.hp = model.hparams
+        self.attn_impl = attn_impl  # how a latent-attention model attends: "mla" or "naive"
         self.embeddings = embeddings  # `logits` returns the normed hidden state instead (llama.cpp's t_embd)
         self.cross = cross  # the encoder output a decoder attends (a CrossInput), if any
         self.observer = observer
@@ -52,26 +66,34 @@ class Graph:
             out += bias
         return out
 
-    def rope(self, x: np.ndarray, il: int) -> np.ndarray:
-        """RoPE at the ubatch positions with layer il's frequency base."""
+    def rope(self, x: np.ndarray, il: int, neox: bool | None = None) -> np.ndarray:
+        """RoPE at the ubatch positions with layer il's frequency base (neox: the model's mode
+        unless given)."""
         key = (self.hp.rope_base(il), self.hp.rope_freq_scale)
         if key not in self._rope_tables:
             self._rope_tables[key] = self.ops.rope_cache(self.ub.pos, self.hp.n_rot, *key)
-        return self.ops.rope(x, self._rope_tables[key], neox=self.hp.rope_neox)
+        return self.ops.rope(x, self._rope_tables[key], neox=self.hp.rope_neox if neox is None else neox)
 
-    def attn(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, kq_bias=None) -> np.ndarray:
+    def attn(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray | None, scale: float, kq_bias=None,
+             v_dim: int = 0, indexer: "IndexerInput | None" = None) -> np.ndarray:
         """Store this ubatch's K/V for layer il, attend over the memory with the mask the layer's
         producer makes; returns (n_tokens, n_head*d_v). `kq_bias(query_pos, key_pos)` gives a
-        per-head bias (n_head, n_rows, n_kv) added to the scores (T5's relative positions)."""
+        per-head bias (n_head, n_rows, n_kv) added to the scores (T5's relative positions).
+        v None: V is a view of K, its first v_dim dims per head (MLA's latent). `indexer`: the
+        ubatch's indexer keys to keep and queries for the layer's indexer mask (DSA)."""
         view = self.mctx.layer(il)
-        view.store(k, v)
+        if indexer is None:
+            view.store(k, v)
+        else:
+            view.store(k, v, indexer_k=indexer.k)
+        d_v = v_dim if v is None else v.shape[2]
         groups = view.groups()
         if len(groups) == 1:
-            return self._attend(il, q, groups[0], scale, kq_bias).reshape(len(q), -1)
-        out = self.ops.xp.empty((len(q), q.shape[1], v.shape[2]), dtype=np.float32)
+            return self._attend(il, q, groups[0], scale, kq_bias, indexer)[..., :d_v].reshape(len(q), -1)
+        out = self.ops.xp.empty((len(q), q.shape[1], d_v), dtype=np.float32)
         for g in groups:  # one per cache stream
             rows = g.rows if isinstance(g.rows, slice) else self.ops.asarray(g.rows)
-            out[rows] = self._attend(il, q[rows], g, scale, kq_bias)
+            out[rows] = self._attend(il, q[rows], g, scale, kq_bias, indexer and indexer.rows(rows))[..., :d_v]
         return out.reshape(len(q), -1)
 
     def cross_attn(self, il: int, q: np.ndarray, project, scale: float) -> np.ndarray:
@@ -83,9 +105,13 @@ class Graph:
         mask = self.cross.mask(self.ub.seq_id)
         return self.ops.flash_attn_ext(q, k, v, mask, scale).reshape(len(q), -1)
 
-    def _attend(self, il: int, q, group, scale: float, kq_bias=None):
+    def _attend(self, il: int, q, group, scale: float, kq_bias=None, indexer=None):
         t0 = time.perf_counter() if self.stats is not None else 0.0
-        mask, n_kv_max = self._mask(il, q, group)
+        if indexer is not None:
+            mask, n_kv_max = group.produce_mask(il, q, self.ops.xp, {"indexer_q": indexer.q, "indexer_w": indexer.w})
+            self.cb("dsa_mask", il, mask)
+        else:
+            mask, n_kv_max = self._mask(il, q, group)
         if kq_bias is not None:  # llama.cpp never uses flash attention with a KQ bias
             out = self.ops.attn_soft_max(q, group.keys, group.values, mask + kq_bias(group.pos, group.cell_pos), scale)
         else:
@@ -120,6 +146,8 @@ class Graph:
         r = route(self.ops.to_numpy(self.ops.matmul(x, w.router)), p, w.selection_bias)
         self.cb("ffn_moe_topk", il, r.experts)
         self.cb("ffn_moe_weights", il, r.weights)
+        if r.groups is not None:
+            self.cb("ffn_moe_groups", il, r.groups)
         out = self.ops.xp.zeros(x.shape, dtype=np.float32)
         for e in np.unique(r.experts):
             rows, slot = np.nonzero(r.experts == e)
@@ -128,6 +156,12 @@ class Graph:
         if w.shared_gate_up is not None:
             out += self.ffn(x, w.shared_gate_up, w.shared_down, act)
         return out
+
+    def per_head(self, x, weights: list):
+        """Each head's own projection: x (n_tokens, n_head, n_in), weights[h] (n_out, n_in) →
+        (n_tokens, n_head, n_out)."""
+        xp = self.ops.xp
+        return xp.stack([self.ops.matmul(xp.ascontiguousarray(x[:, h]), w) for h, w in enumerate(weights)], axis=1)
 
     def select_outputs(self, *xs: np.ndarray) -> tuple[np.ndarray, ...]:
         """Keep only the rows that produce outputs (done before the last layer's FFN)."""

@@ -32,14 +32,16 @@ class MoEParams:
 
 
 def read_moe_params(gguf: GGUFFile, arch: str, n_ff_default: int, norm_weights: bool = False,
-                    gating_default: int = 1) -> MoEParams | None:
-    """The MoE keys of `arch`, checked against each other; None for a model without experts."""
+                    gating_default: int | None = 1) -> MoEParams | None:
+    """The MoE keys of `arch`, checked against each other; None for a model without experts.
+    gating_default None: the gating key is required."""
     key = lambda name: f"{arch}.{name}"  # noqa: E731
     n_expert = gguf.get_int(key("expert_count"), 0, lo=0, hi=MAX_EXPERTS)
     if n_expert == 0:
         return None
     n_used = gguf.get_int(key("expert_used_count"), lo=1, hi=n_expert)
-    gating = gguf.get_int(key("expert_gating_func"), gating_default, lo=0, hi=255)
+    gating = gguf.get_int(key("expert_gating_func"), *(() if gating_default is None else (gating_default,)),
+                          lo=0, hi=255)
     if gating not in GATING:
         raise ModelFileError(f"{gguf.path}: {key('expert_gating_func')} {gating} is not supported "
                              f"(known: {', '.join(f'{k} {v}' for k, v in GATING.items())})")
@@ -111,9 +113,9 @@ def load_moe(model, gguf: GGUFFile, blk: str, p: MoEParams, n_embd: int) -> MoEW
     """Layer `blk`'s router, experts (each a view of its slice of the stacked tensors, in the
     GGUF's type), selection bias and shared experts."""
     router = model.weight(gguf, f"{blk}.ffn_gate_inp.weight", (p.n_expert, n_embd), matrix=False)
-    gate = expert_slices(model, gguf, f"{blk}.ffn_gate_exps.weight", p.n_expert, (p.n_ff, n_embd))
-    up = expert_slices(model, gguf, f"{blk}.ffn_up_exps.weight", p.n_expert, (p.n_ff, n_embd))
-    down = expert_slices(model, gguf, f"{blk}.ffn_down_exps.weight", p.n_expert, (n_embd, p.n_ff))
+    gate = model.stacked(gguf, f"{blk}.ffn_gate_exps.weight", p.n_expert, (p.n_ff, n_embd))
+    up = model.stacked(gguf, f"{blk}.ffn_up_exps.weight", p.n_expert, (p.n_ff, n_embd))
+    down = model.stacked(gguf, f"{blk}.ffn_down_exps.weight", p.n_expert, (n_embd, p.n_ff))
     weights = MoEWeights(router, [model.backend.concatenate([g, u], axis=0) for g, u in zip(gate, up)], down)
     if f"{blk}.exp_probs_b.bias" in gguf.tensors:
         weights.selection_bias = model.weight(gguf, f"{blk}.exp_probs_b.bias", (p.n_expert,))
@@ -123,17 +125,3 @@ def load_moe(model, gguf: GGUFFile, blk: str, p: MoEParams, n_embd: int) -> MoEW
                                                     (f"{blk}.ffn_up_shexp.weight", (n_ff, n_embd))])
         weights.shared_down = model.weight(gguf, f"{blk}.ffn_down_shexp.weight", (n_embd, n_ff))
     return weights
-
-
-def expert_slices(model, gguf: GGUFFile, name: str, n_expert: int, shape: tuple[int, int]) -> list:
-    """A stacked (n_expert, n_out, n_in) tensor as one weight per expert, each a view of its bytes."""
-    info = gguf.tensor_info(name)
-    if info.numpy_shape != (n_expert, *shape):
-        raise ModelFileError(f"{gguf.path}: tensor '{name}' has shape {list(info.numpy_shape)}, "
-                             f"but the hyper-parameters make it {[n_expert, *shape]}")
-    raw = gguf.raw(name)
-    size = len(raw) // n_expert
-    experts = [model.backend.load_weight(raw[e * size:(e + 1) * size], info.type, shape, f"{name}[{e}]")
-               for e in range(n_expert)]
-    model.note_loaded(info)
-    return experts

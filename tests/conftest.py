@@ -39,6 +39,32 @@ def tiny_model(path: Path):
     return load_model(path)
 
 
+def tiny_path(name: str) -> Path:
+    return FIXTURES / "tiny" / f"tiny-{name}.gguf"
+
+
+@lru_cache(maxsize=None)
+def tiny_reference(name: str) -> dict:
+    return load_fixture(f"tiny/tiny-{name}.json")
+
+
+def decode_observed(name: str, tokens, **params):
+    """Decode `tokens` with tiny-`name` in one batch (n_ctx 2048 unless given): the logits of every
+    position and every named intermediate tensor the graph showed, over the micro-batches (a list
+    of them where their widths differ, as masks over a growing cache do)."""
+    import numpy as np
+
+    from llmsuite.core.batch import Batch
+    from llmsuite.core.context import Context, ContextParams
+
+    seen = {}
+    ctx = Context(tiny_model(tiny_path(name)), ContextParams(**{"n_ctx": 2048, **params}),
+                  observer=lambda tensor, ub, x: seen.setdefault(tensor, []).append(np.asarray(x).copy()))
+    assert ctx.decode(Batch.from_tokens(tokens, all_outputs=True)) == 0, ctx.last_error
+    same_width = lambda arrays: len({a.shape[1:] for a in arrays}) == 1  # noqa: E731
+    return ctx.logits.copy(), {k: np.concatenate(v) if same_width(v) else v for k, v in seen.items()}
+
+
 @lru_cache(maxsize=None)
 def tiny_ssm(arch: str):
     """tiny-mamba or tiny-mamba2, by architecture name."""

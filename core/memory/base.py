@@ -40,16 +40,19 @@ class AttnGroup:
     producer: MaskProducer = field(default_factory=CausalMask)
     extra: dict = field(default_factory=dict)  # what the producer reads besides (e.g. "bounds")
 
-    def produce_mask(self, il: int, q, xp=np) -> tuple[np.ndarray, int]:
-        """(mask, n_kv_max) for these rows' queries q, by the layer's producer."""
-        return self.producer(MaskInput(il, q, self.mask, self.pos, self.cell_pos, xp, self.extra))
+    def produce_mask(self, il: int, q, xp=np, queries: dict | None = None) -> tuple[np.ndarray, int]:
+        """(mask, n_kv_max) for these rows' queries q, by the layer's producer; `queries` adds
+        per-row inputs of the producer (the indexer's queries and weights)."""
+        extra = self.extra if not queries else {**self.extra, **queries}
+        return self.producer(MaskInput(il, q, self.mask, self.pos, self.cell_pos, xp, extra))
 
 
 class AttnView(Protocol):
     """An attention layer's door to the memory, for the current ubatch."""
 
-    def store(self, k: np.ndarray, v: np.ndarray) -> None:
-        """Keep the ubatch's K/V rows (n_tokens, n_head_kv, head_dim)."""
+    def store(self, k: np.ndarray, v: np.ndarray | None = None, **extra) -> None:
+        """Keep the ubatch's K/V rows (n_tokens, n_head_kv, head_dim); v None where V is a view of
+        K; extra stores by name (`indexer_k`)."""
 
     def groups(self) -> list[AttnGroup]:
         """The keys each group of query rows attends, with its base mask and mask producer."""
@@ -74,8 +77,8 @@ class BoundAttnView:
     def __init__(self, mctx, il: int):
         self.mctx, self.il = mctx, il
 
-    def store(self, k: np.ndarray, v: np.ndarray) -> None:
-        self.mctx.store(self.il, k, v)
+    def store(self, k: np.ndarray, v: np.ndarray | None = None, **extra) -> None:
+        self.mctx.store(self.il, k, v, **extra)
 
     def groups(self) -> list[AttnGroup]:
         return self.mctx.groups(self.il)

@@ -41,8 +41,8 @@ class BatchOnlyContext(MemoryContext):
     def layer(self, il: int) -> BoundAttnView:
         return BoundAttnView(self, il)
 
-    def store(self, il: int, k, v) -> None:
-        self.kv[il] = (k, v)
+    def store(self, il: int, k, v=None) -> None:
+        self.kv[il] = (k, k if v is None else v)
 
     def groups(self, il: int) -> list[AttnGroup]:
         k, v = self.kv[il]

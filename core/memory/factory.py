@@ -16,13 +16,14 @@ from ..errors import InvalidInputError
 from .base import Memory
 from .iswa import KVCacheISWA, swa_cache_size
 from .kv_cache import KVCache
-from .masks import TOPK_AUTO_MIN_KV, TOPK_AUTO_RATIO, BlockTopK, MaskProducer, SparseParams
+from .masks import TOPK_AUTO_MIN_KV, TOPK_AUTO_RATIO, BlockTopK, IndexerTopK, MaskProducer, SparseParams
 from .none import NoKVMemory
 from .recurrent import RecurrentMemory
 from .spec import AttnSpec, MemorySpec, RecurrentSpec
 from .storage import CACHE_TYPES, check_cache_type, row_bytes
 
 CTX_KINDS = ("auto", "decoder", "encoder", "enc-dec", "no-kv")
+ATTN_IMPLS = ("auto", "naive", "mla")
 MAX_SEQ = 256
 
 
@@ -38,6 +39,7 @@ class MemoryParams:
     ctx: str = "auto"
     cache_types_given: bool = False  # -ctk/-ctv came from the user, not a default
     attn: str = "auto"  # attention path where a sparse bound exists: auto, dense or sparse
+    attn_impl: str = "auto"  # latent-attention models: cache the latent ("mla") or per-head K/V ("naive")
     sparse: SparseParams = field(default_factory=SparseParams)
 
     def validate_flags(self) -> None:
@@ -46,6 +48,8 @@ class MemoryParams:
             raise InvalidInputError(f"unknown --kv '{self.kv}' (choose from {', '.join(KV_KINDS)})")
         if self.ctx not in CTX_KINDS:
             raise InvalidInputError(f"unknown --ctx '{self.ctx}' (choose from {', '.join(CTX_KINDS)})")
+        if self.attn_impl not in ATTN_IMPLS:
+            raise InvalidInputError(f"unknown --attn-impl '{self.attn_impl}' (choose from {', '.join(ATTN_IMPLS)})")
         if not 1 <= self.n_seq_max <= MAX_SEQ:
             raise InvalidInputError(f"-np must be between 1 and {MAX_SEQ}")
         for flag, type_name in (("--cache-type-k", self.type_k), ("--cache-type-v", self.type_v)):
@@ -94,7 +98,7 @@ def resolve_kinds(arch: str, spec: MemorySpec, p: MemoryParams) -> tuple[str, st
         raise InvalidInputError(reason)
     if p.swa_full and not spec.window_layers:
         raise InvalidInputError(f"--swa-full applies to sliding-window models; {arch} has none")
-    if p.sparse.topk and not mask_producers(spec, p):
+    if p.sparse.topk and not any(isinstance(m, BlockTopK) for m in mask_producers(spec, p).values()):
         raise InvalidInputError(_no_selecting_layer(spec, arch, p))
     if not MEMORY_KINDS[kv].holds_kv and p.cache_types_given and spec.of(RecurrentSpec):
         raise InvalidInputError(f"-ctk/-ctv set the types of cached keys and values; {arch}'s recurrent "
@@ -127,14 +131,17 @@ def _check_decoder_context(arch: str, spec: MemorySpec, p: MemoryParams) -> None
 
 
 def mask_producers(spec: MemorySpec, p: MemoryParams) -> dict[int, MaskProducer]:
-    """The block top-k producer of every full-attention layer --sparse-layers names (window layers
-    keep their window). Under --attn auto it selects only where that pays; otherwise always."""
+    """The indexer of every layer that has one (DSA), and the block top-k producer of every other
+    full-attention layer --sparse-layers names (window layers keep their window). Under --attn
+    auto block top-k selects only where that pays; otherwise always."""
+    indexed = {il: IndexerTopK(layer.indexer.top_k) for il, layer in spec.of(AttnSpec).items() if layer.indexer}
     sp = p.sparse
     if not sp.topk:
-        return {}
+        return indexed
     min_kv = max(TOPK_AUTO_MIN_KV, TOPK_AUTO_RATIO * (sp.topk + sp.n_local)) if p.attn == "auto" else 0
     topk = BlockTopK(sp.topk, sp.block, sp.n_local, min_kv)
-    return {il: topk for il, layer in spec.of(AttnSpec).items() if layer.window == 0 and sp.selects(il)}
+    return {**{il: topk for il, layer in spec.of(AttnSpec).items()
+               if layer.window == 0 and not layer.indexer and sp.selects(il)}, **indexed}
 
 
 def _no_selecting_layer(spec: MemorySpec, arch: str, p: MemoryParams) -> str:
@@ -155,7 +162,17 @@ def _ranges(layers: list[int]) -> str:
 def default_kind(spec: MemorySpec) -> str:
     if spec.layers and len(spec.of(RecurrentSpec)) == len(spec.layers):
         return "recurrent"
+    if _latent(spec):
+        return "dsa" if _indexed(spec) else "mla"
     return "iswa" if spec.window_layers else "unified"
+
+
+def _latent(spec: MemorySpec) -> bool:
+    return any(layer.v_view for layer in spec.of(AttnSpec).values())
+
+
+def _indexed(spec: MemorySpec) -> bool:
+    return any(layer.indexer for layer in spec.of(AttnSpec).values())
 
 
 def create_memory(spec: MemorySpec, arch: str, p: MemoryParams, xp=np) -> Memory:
@@ -167,7 +184,10 @@ def create_memory(spec: MemorySpec, arch: str, p: MemoryParams, xp=np) -> Memory
     if kind.holds_kv:
         for il, layer in spec.of(AttnSpec).items():
             check_cache_type(p.type_k, layer.k_width)
-            check_cache_type(p.type_v, layer.v_width)
+            if layer.v_width:
+                check_cache_type(p.type_v, layer.v_width)
+            if layer.indexer:
+                check_cache_type(p.type_k, layer.indexer.head_dim)
     check_fits(kind.nbytes(spec, p), p.n_ctx, xp)
     return kind.build(spec, p, xp)
 
@@ -179,6 +199,9 @@ def _attention_only(name: str):
         if spec.of(RecurrentSpec):
             return (f"--kv {name} caches attention keys and values; {arch} has recurrent layers "
                     f"(use --kv {default_kind(spec)} or --kv none)")
+        if _latent(spec):
+            return (f"--kv {name} caches K and V per head; {arch} with --attn-impl mla caches the latent "
+                    f"(use --kv {default_kind(spec)}" + (")" if _indexed(spec) else ", or --attn-impl naive)"))
         if name == "iswa" and not spec.window_layers:
             return f"--kv iswa needs sliding-window layers; {arch} has none"
         if name == "split" and p.n_ctx // p.n_seq_max < 1:
@@ -193,6 +216,8 @@ def _kv_bytes(spec: MemorySpec, p: MemoryParams, n_cells: int, window_cells: int
     for il, layer in spec.of(AttnSpec).items():
         cells = window_cells if window_cells is not None and layer.window > 0 else n_cells
         total += cells * (row_bytes(p.type_k, layer.k_width) + row_bytes(p.type_v, layer.v_width))
+        if layer.indexer:
+            total += cells * row_bytes(p.type_k, layer.indexer.head_dim)
     return total
 
 
@@ -220,6 +245,35 @@ def _split(spec: MemorySpec, p: MemoryParams, xp) -> Memory:
 def _iswa(spec: MemorySpec, p: MemoryParams, xp) -> Memory:
     return KVCacheISWA(spec.of(AttnSpec), set(spec.window_layers), p.n_ctx, spec.window, p.n_ubatch, p.n_seq_max,
                        p.type_k, p.type_v, p.swa_full, producers=mask_producers(spec, p), xp=xp)
+
+
+def _latent_only(name: str):
+    def refuses(spec: MemorySpec, arch: str, p: MemoryParams) -> str | None:
+        if not _latent(spec):
+            what = "the latent of multi-head latent attention (--attn-impl mla)"
+            if name == "dsa":
+                what = "the latent and the indexer keys of DeepSeek-3.2's sparse attention"
+            return f"--kv {name} caches {what}; {arch} has none (use --kv {default_kind(spec)})"
+        if name == "mla" and _indexed(spec):
+            return f"--kv mla has no room for {arch}'s indexer keys (use --kv dsa)"
+        if name == "dsa" and not _indexed(spec):
+            return f"--kv dsa caches indexer keys; {arch} has no indexer (use --kv mla)"
+        return None
+    return refuses
+
+
+@memory_kind("mla", lambda spec, p: _kv_bytes(spec, p, p.n_ctx), _latent_only("mla"))
+def _mla(spec: MemorySpec, p: MemoryParams, xp) -> Memory:
+    """K-only rows (the latent and the rope part, one head); V is a view of them."""
+    return KVCache(spec.of(AttnSpec), p.n_ctx, p.n_seq_max, 1, p.type_k, p.type_v, kind="mla", xp=xp,
+                   producers=mask_producers(spec, p))
+
+
+@memory_kind("dsa", lambda spec, p: _kv_bytes(spec, p, p.n_ctx), _latent_only("dsa"))
+def _dsa(spec: MemorySpec, p: MemoryParams, xp) -> Memory:
+    """The MLA latent cache and, in the same cells, one head of indexer keys per layer."""
+    return KVCache(spec.of(AttnSpec), p.n_ctx, p.n_seq_max, 1, p.type_k, p.type_v, kind="dsa", xp=xp,
+                   producers=mask_producers(spec, p))
 
 
 def _recurrent_only(spec: MemorySpec, arch: str, p: MemoryParams) -> str | None:

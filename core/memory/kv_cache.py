@@ -5,6 +5,8 @@ every sequence, a cell can belong to several (a shared prefix); `split` gives ea
 own stream. A ubatch's tokens go to the cells `find_slot` picks, which need not be contiguous.
 Layers listed in `swa_layers` see only the last `n_swa` positions; when every layer of the cache
 is windowed, cells that all future tokens mask out are reused (the window cache of iSWA).
+A layer whose V is a view of K (MLA) stores no V rows; a layer with an indexer (DSA) keeps its
+indexer keys in the same cells, so every cell operation covers them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from ..batch import POS_LIMIT, BatchAllocator, UBatch
 from ..errors import InvalidInputError
 from ..statefile import StateReader, StateWriter
 from .base import AttnGroup, BoundAttnView, LoadedState, Memory, MemoryContext, MemoryStatus, open_range
-from .masks import BlockBounds, BlockTopK, CausalMask, MaskProducer, WindowMask
+from .masks import BlockBounds, BlockTopK, CausalMask, MaskProducer, WindowMask, hadamard
 from .spec import AttnSpec
 from .storage import KVStorage
 
@@ -84,8 +86,11 @@ class KVCache(Memory):
         self.type_k, self.type_v = type_k, type_v
         self.n_swa, self.swa_layers = n_swa, frozenset(swa_layers) & frozenset(layers)
         self.reuses_cells = n_swa > 0 and bool(layers) and self.swa_layers == frozenset(layers)
-        self.k = {il: KVStorage(n_stream, kv_size, s.n_head_kv * s.head_dim_k, type_k, xp) for il, s in layers.items()}
-        self.v = {il: KVStorage(n_stream, kv_size, s.n_head_kv * s.head_dim_v, type_v, xp) for il, s in layers.items()}
+        self.k = {il: KVStorage(n_stream, kv_size, s.k_width, type_k, xp) for il, s in layers.items()}
+        self.v = {il: KVStorage(n_stream, kv_size, s.v_width, type_v, xp) for il, s in layers.items() if s.v_width}
+        # indexer keys are stored like K (llama.cpp keeps them f16 beside the latent cache)
+        self.idx = {il: KVStorage(n_stream, kv_size, s.indexer.head_dim, type_k, xp)
+                    for il, s in layers.items() if s.indexer is not None}
         self.cells = [KVCells(kv_size, n_seq_max) for _ in range(n_stream)]
         self.heads = [0] * n_stream
         self.xp = xp if xp is not None else np
@@ -100,6 +105,15 @@ class KVCache(Memory):
         bounds = BlockBounds(self.n_stream, self.kv_size, store.dim, producer.block, self.xp)
         store.on_write = bounds.touch
         return bounds
+
+    def layer_stores(self, il: int) -> list[tuple[str, KVStorage]]:
+        """Layer il's stores in their state-file order: keys, values (unless a view), indexer keys."""
+        named = (("keys", self.k), ("values", self.v), ("indexer keys", self.idx))
+        return [(name, stores[il]) for name, stores in named if il in stores]
+
+    @property
+    def stores(self) -> list[KVStorage]:
+        return [store for il in self.layers for _, store in self.layer_stores(il)]
 
     def stream_of(self, seq: int) -> int:
         return seq if self.n_stream > 1 else 0
@@ -219,7 +233,7 @@ class KVCache(Memory):
         idxs = np.flatnonzero(source.seq[:, src])
         target.pos[idxs], target.shift[idxs] = source.pos[idxs], source.shift[idxs]
         target.seq[idxs, dst] = True
-        for store in (*self.k.values(), *self.v.values()):
+        for store in self.stores:
             store.set_raw(s_dst, idxs, store.raw(s_src, idxs))
         self.heads[s_dst] = self.heads[s_src]
 
@@ -260,18 +274,28 @@ class KVCache(Memory):
                 delta = cells.shift[idxs].astype(np.float32)
                 for il, spec in self.layers.items():
                     if spec.rope is not None:
-                        self._rotate(backend, st, idxs, self.k[il], spec, delta)
+                        self._rotate(backend, st, idxs, self.k[il], spec.n_head_kv, spec.rope, delta)
+                    if spec.indexer is not None and spec.indexer.rope is not None:
+                        basis = hadamard(spec.indexer.head_dim) if spec.indexer.hadamard else None
+                        self._rotate(backend, st, idxs, self.idx[il], 1, spec.indexer.rope, delta, basis)
                 done = True
             cells.shift[:] = 0
         return done
 
     @staticmethod
-    def _rotate(backend, st: int, idxs: np.ndarray, store: KVStorage, spec: AttnSpec, delta: np.ndarray) -> None:
-        rope = spec.rope
-        keys = store.to_float(store.rows(st, idxs)).reshape(len(idxs), spec.n_head_kv, -1)
+    def _rotate(backend, st: int, idxs: np.ndarray, store: KVStorage, n_head: int, rope, delta: np.ndarray,
+                basis: np.ndarray | None = None) -> None:
+        """Rotate dims [offset, offset + n_rot) of every head of the cells' stored keys; keys stored
+        in an orthonormal symmetric `basis` are taken out of it first and put back after."""
+        keys = store.to_float(store.rows(st, idxs)).reshape(len(idxs), n_head, -1)
+        keys = keys.astype(np.float32)  # a copy: the rope part is rotated in place
+        if basis is not None:
+            keys = keys @ backend.asarray(basis)
         table = backend.rope_cache(delta, rope.n_rot, rope.base, rope.freq_scale)
-        rotated = backend.rope(keys, table, neox=rope.neox).reshape(len(idxs), -1)
-        store.write(np.full(len(idxs), st), idxs, rotated)
+        keys[..., rope.offset:] = backend.rope(keys[..., rope.offset:], table, neox=rope.neox)
+        if basis is not None:
+            keys = keys @ backend.asarray(basis)
+        store.write(np.full(len(idxs), st), idxs, keys.reshape(len(idxs), -1))
 
     def seq_pos_min(self, seq: int) -> int:
         return self.cells[self.stream_of(seq)].seq_pos_min(seq)
@@ -281,7 +305,7 @@ class KVCache(Memory):
 
     @property
     def nbytes(self) -> int:
-        return sum(s.nbytes for s in (*self.k.values(), *self.v.values()))
+        return sum(s.nbytes for s in self.stores)
 
     # ---- state ---------------------------------------------------------------------------
 
@@ -313,8 +337,8 @@ class KVCache(Memory):
             w.array(cells.pos[idxs])
             w.array(cells.seq[idxs] if seq is None else np.ones((len(idxs), 1), bool))
             for il in sorted(self.layers):
-                w.array(self.k[il].raw(st, idxs))
-                w.array(self.v[il].raw(st, idxs))
+                for _, store in self.layer_stores(il):
+                    w.array(store.raw(st, idxs))
 
     def state_read(self, r: StateReader, seq: int | None = None) -> LoadedState:
         """Read and check every stream; for one sequence also choose its cells now, so that the
@@ -361,14 +385,10 @@ class KVCache(Memory):
                                     f"({len(idxs)} usable cells)")
         return idxs
 
-    def _read_rows(self, r: StateReader, n: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        rows = {}
-        for il in sorted(self.layers):
-            k_store, v_store = self.k[il], self.v[il]
-            k = r.array(f"layer {il} keys", k_store.data.dtype, (n, k_store.data.shape[2]))
-            v = r.array(f"layer {il} values", v_store.data.dtype, (n, v_store.data.shape[2]))
-            rows[il] = (k, v)
-        return rows
+    def _read_rows(self, r: StateReader, n: int) -> dict[int, list[np.ndarray]]:
+        return {il: [r.array(f"layer {il} {name}", store.data.dtype, (n, store.data.shape[2]))
+                     for name, store in self.layer_stores(il)]
+                for il in sorted(self.layers)}
 
     def _commit_full(self, streams) -> None:
         self.clear()
@@ -393,9 +413,9 @@ class KVCache(Memory):
                 bounds.refresh(st, self.k[il], cells.pos, bounds.lo.shape[1])
 
     def _write_rows(self, st: int, idxs: np.ndarray, rows) -> None:
-        for il, (k, v) in rows.items():
-            self.k[il].set_raw(st, idxs, k)
-            self.v[il].set_raw(st, idxs, v)
+        for il, arrays in rows.items():
+            for (_, store), raw in zip(self.layer_stores(il), arrays):
+                store.set_raw(st, idxs, raw)
 
 
 def check_cells(r: StateReader, idxs: np.ndarray, pos: np.ndarray, member: np.ndarray, kv_size: int | None) -> None:
@@ -435,7 +455,7 @@ class KVCacheContext(MemoryContext):
         taken = [(st, cells[streams == st]) for st in touched]
         evicted = [(st, idxs[self.cache.cells[st].pos[idxs] >= 0]) for st, idxs in taken]
         rows = [(store, st, idxs, store.raw(st, idxs)) for st, idxs in evicted if len(idxs)
-                for store in (*self.cache.k.values(), *self.cache.v.values())]
+                for store in self.cache.stores]
         return [(st, self.cache.cells[st].snapshot(), self.cache.heads[st]) for st in touched], rows
 
     def rollback(self) -> None:
@@ -452,11 +472,17 @@ class KVCacheContext(MemoryContext):
     def layer(self, il: int) -> BoundAttnView:
         return BoundAttnView(self, il)
 
-    def store(self, il: int, k: np.ndarray, v: np.ndarray) -> None:
-        """Write the ubatch's K/V rows (n_tokens, n_head_kv, head_dim) into its cells."""
+    def store(self, il: int, k: np.ndarray, v: np.ndarray | None = None, indexer_k: np.ndarray | None = None) -> None:
+        """Write the ubatch's K/V rows (n_tokens, n_head_kv, head_dim) into its cells (no V where
+        it is a view of K), and the indexer keys (n_tokens, head_dim) of an indexer layer."""
         streams, cells = self.slots[self.index]
         self.cache.k[il].write(streams, cells, k.reshape(len(cells), -1))
-        self.cache.v[il].write(streams, cells, v.reshape(len(cells), -1))
+        if il in self.cache.v:
+            self.cache.v[il].write(streams, cells, v.reshape(len(cells), -1))
+        if il in self.cache.idx:
+            if indexer_k is None:
+                raise ValueError(f"layer {il} keeps indexer keys: store() needs them")
+            self.cache.idx[il].write(streams, cells, indexer_k.reshape(len(cells), -1))
 
     def groups(self, il: int) -> list[AttnGroup]:
         """Per stream of the ubatch: its query rows, the cached K/V views, the causal mask and
@@ -466,8 +492,10 @@ class KVCacheContext(MemoryContext):
         for st, rows, n_kv, mask in self._stream_masks():
             cells = self.cache.cells[st]
             k = self.cache.k[il].read(st, n_kv, shape.n_head_kv)
-            v = self.cache.v[il].read(st, n_kv, shape.n_head_kv)
+            v = self.cache.v[il].read(st, n_kv, shape.n_head_kv) if il in self.cache.v else k
             extra = {} if bounds is None else {"bounds": bounds.view(st, self.cache.k[il], cells.pos)}
+            if il in self.cache.idx:
+                extra["indexer_keys"] = self.cache.idx[il].read(st, n_kv, 1)
             out.append(AttnGroup(rows, k, v, mask, self.ubatch.pos[rows], cells.pos[:n_kv], producer, extra))
         return out
 

@@ -212,6 +212,56 @@ class BlockTopK:
         return padded.reshape(rows, n_blocks, self.block).any(axis=2)
 
 
+class IndexerTopK:
+    """DeepSeek-3.2's lightning indexer: each query scores every visible cached indexer key,
+    score(t, j) = Σ_h w[t, h]·ReLU(q[t, h]·k[j]), and keeps its top_k keys (all of them while it
+    sees at most top_k). Reads `indexer_keys` (n_kv, 1, d) from the memory and `indexer_q`,
+    `indexer_w` from the layer's graph."""
+    kind, uses_queries = "indexer", True
+
+    def __init__(self, top_k: int):
+        self.top_k = top_k
+
+    def __call__(self, inp: MaskInput):
+        e, xp = inp.extra, inp.xp
+        scores = indexer_scores(e["indexer_q"], e["indexer_w"], e["indexer_keys"], xp)
+        return top_k_mask(scores, inp.base, self.top_k, xp), self.top_k
+
+
+def hadamard(n: int) -> np.ndarray:
+    """The n×n Sylvester Hadamard matrix scaled to be orthonormal (and its own inverse); n a power of two."""
+    h = np.ones((1, 1), dtype=np.float32)
+    while len(h) < n:
+        h = np.block([[h, h], [h, -h]])
+    return h / np.float32(np.sqrt(n))
+
+
+def indexer_scores(q, w, keys, xp=np):
+    """(rows, n_kv): Σ_h w[r, h]·ReLU(q[r, h]·k[j]) for q (rows, n_head, d), w (rows, n_head),
+    keys (n_kv, 1, d) as cached (f32, f16 or quantized blocks), in float32."""
+    rows, n_head, d = q.shape
+    if xp is np:
+        from ..backend.cpu import as_float
+
+        keys = as_float(keys)
+    keys = xp.asarray(keys, dtype=np.float32).reshape(-1, d)
+    dots = xp.maximum(xp.asarray(q, dtype=np.float32).reshape(rows * n_head, d) @ keys.T, 0)
+    return xp.matmul(xp.asarray(w, dtype=np.float32)[:, None, :], dots.reshape(rows, n_head, -1))[:, 0]
+
+
+def top_k_mask(scores, base, k: int, xp=np):
+    """The base mask (0 / -inf) with each row cut to its k best-scoring visible cells; a row that
+    sees at most k cells keeps them all."""
+    visible = xp.isfinite(base)
+    if len(base) == 0 or int(visible.sum(axis=1).max()) <= k:
+        return base
+    ranked = xp.where(visible, scores, -np.inf)
+    best = xp.argpartition(-ranked, k - 1, axis=1)[:, :k]
+    keep = xp.zeros(base.shape, dtype=bool)
+    keep[xp.arange(len(base))[:, None], best] = True
+    return xp.where(keep & visible, base, NEG_INF)
+
+
 # ---- block bounds ----------------------------------------------------------------------------
 
 def block_min_max(keys, occupied, block: int, xp):

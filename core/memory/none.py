@@ -163,15 +163,17 @@ class NoKVContext(MemoryContext):
             return ScratchRecurrentView(self.memory.recurrent[il], self.expanded.seq_id, self.memory.xp)
         return BoundAttnView(self, il)
 
-    def store(self, il: int, k: np.ndarray, v: np.ndarray) -> None:
-        self.kv[il] = (k, v)
+    def store(self, il: int, k: np.ndarray, v: np.ndarray | None = None, indexer_k: np.ndarray | None = None) -> None:
+        self.kv[il] = (k, k if v is None else v, indexer_k)
 
     def groups(self, il: int) -> list[AttnGroup]:
         ub = self.expanded
         if self._mask is None:
             allowed = (ub.seq_id[:, None] == ub.seq_id[None, :]) & (ub.pos[None, :] <= ub.pos[:, None])
             self._mask = self.memory.xp.asarray(np.where(allowed, np.float32(0.0), np.float32(-np.inf)))
-        k, v = self.kv[il]
+        k, v, indexer_k = self.kv[il]
         producer = self.memory.producer(il)
         extra = {"bounds": KeyBounds(k, producer.block, self.memory.xp)} if isinstance(producer, BlockTopK) else {}
+        if indexer_k is not None:
+            extra["indexer_keys"] = indexer_k.reshape(len(indexer_k), 1, -1)
         return [AttnGroup(slice(None), k, v, self._mask, ub.pos, ub.pos, producer, extra)]

@@ -13,17 +13,31 @@ class RopeSpec:
     base: float
     freq_scale: float = 1.0
     neox: bool = False
+    offset: int = 0  # where the rotated dims start in each head (MLA's rope part is the tail of K)
+
+
+@dataclass(frozen=True)
+class IndexerSpec:
+    """DeepSeek-3.2's lightning indexer: one key head of head_dim per cell, kept beside the layer's
+    K rows in the same cells; top_k keys per query become the attention mask."""
+    head_dim: int
+    top_k: int
+    rope: RopeSpec | None = None
+    hadamard: bool = False  # keys are stored multiplied by the orthonormal Hadamard matrix (as llama.cpp does)
 
 
 @dataclass(frozen=True)
 class AttnSpec:
     """An attention layer: K/V rows of n_head_kv heads; window > 0 for a sliding-window layer;
-    rope None when the keys carry no position rotation (nothing to shift)."""
+    rope None when the keys carry no position rotation (nothing to shift). With `v_view` no V is
+    stored: the values are the first head_dim_v dims of each key head (MLA's latent)."""
     n_head_kv: int
     head_dim_k: int
     head_dim_v: int
     window: int = 0
     rope: RopeSpec | None = None
+    v_view: bool = False
+    indexer: IndexerSpec | None = None
 
     @property
     def k_width(self) -> int:
@@ -31,7 +45,8 @@ class AttnSpec:
 
     @property
     def v_width(self) -> int:
-        return self.n_head_kv * self.head_dim_v
+        """Values stored per cell (0 where V is a view of K)."""
+        return 0 if self.v_view else self.n_head_kv * self.head_dim_v
 
 
 @dataclass(frozen=True)

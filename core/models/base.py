@@ -8,13 +8,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, ClassVar
 
 import numpy as np
-from gguf import LlamaFileType
+from gguf import GGMLQuantizationType, LlamaFileType
 
 from ..backend import get_backend
 from ..batch import POS_LIMIT
-from ..errors import ModelFileError, UnsupportedError, printable
+from ..errors import InvalidInputError, ModelFileError, UnsupportedError, printable
 from ..gguf import GGUFFile
 from ..moe import MoEParams
+from ..quants import dequantize
 from ..memory import AttnSpec, Memory, MemoryParams, MemorySpec, RecurrentSpec, RopeSpec, create_memory
 from ..vocab import Vocab
 
@@ -141,6 +142,7 @@ class Model:
     """Base class of an architecture: `load_hparams`, `load_tensors`, `forward`, `create_memory`."""
 
     arch: ClassVar[str] = ""
+    attn_impls: ClassVar[tuple[str, ...]] = ()  # latent-attention models: their --attn-impl values, default first
 
     def __init__(self, gguf: GGUFFile, progress: ProgressFn | None = None, backend=None):
         self.path = gguf.path
@@ -181,9 +183,10 @@ class Model:
         if self.backend.name != "cpu":
             raise UnsupportedError(f"{self.arch} runs on the cpu backend only for now (--backend cpu)")
 
-    def memory_spec(self) -> MemorySpec:
-        """The memory layout, one spec per layer: here every layer is attention as the decoder
-        hyper-parameters describe it; other architectures declare their own."""
+    def memory_spec(self, attn_impl: str = "naive") -> MemorySpec:
+        """The memory layout, one spec per layer, for the attention implementation chosen (see
+        `attn_impls`): here every layer is attention as the decoder hyper-parameters describe it;
+        other architectures declare their own."""
         hp = self.hparams
         layers = {il: AttnSpec(hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, hp.n_swa if hp.is_swa(il) else 0,
                                RopeSpec(hp.n_rot, hp.rope_base(il), hp.rope_freq_scale, hp.rope_neox))
@@ -196,7 +199,26 @@ class Model:
 
     def create_memory(self, params: MemoryParams, xp=np) -> Memory:
         """The memory the flags ask for, built from `memory_spec()`."""
-        return create_memory(self.memory_spec(), self.arch, params, xp)
+        return create_memory(self.memory_spec(self.resolve_attn_impl(params)), self.arch, params, xp)
+
+    def resolve_attn_impl(self, p: MemoryParams) -> str:
+        """--attn-impl for this model: what a latent-attention model caches ("mla": the latent,
+        "naive": K and V per head); every other model attends naively. Under auto, a latent model
+        takes its first choice unless --kv asks for per-head rows."""
+        if not self.attn_impls:
+            if p.attn_impl == "mla":
+                raise InvalidInputError(f"--attn-impl mla applies to models with multi-head latent attention; "
+                                        f"{self.arch} has none")
+            return "naive"
+        if p.attn_impl == "auto":
+            return "naive" if p.kv in ("unified", "split") and "naive" in self.attn_impls else self.attn_impls[0]
+        if p.attn_impl not in self.attn_impls:
+            raise InvalidInputError(f"--attn-impl {p.attn_impl} expands K and V per head, but {self.arch}'s dsa cache "
+                                    "holds the latent its indexer selects from: use --attn-impl mla")
+        if p.attn_impl == "naive" and p.kv in ("mla", "dsa"):
+            raise InvalidInputError(f"--kv {p.kv} caches the latent of --attn-impl mla; --attn-impl naive caches K and V "
+                                    "per head (use --kv unified)")
+        return p.attn_impl
 
     # ---- weight loading helpers ----------------------------------------------------------
 
@@ -204,10 +226,7 @@ class Model:
         """Tensor `name` in the backend's compute type, checking its NumPy shape. A 2-D tensor
         is a matmul weight (kept in its GGUF type where a kernel reads it) unless `matrix` is
         False: then it is a parameter array in float32 (SSM conv taps, decays, group norms)."""
-        info = gguf.tensor_info(name)
-        if info.numpy_shape != tuple(shape):
-            raise ModelFileError(f"{gguf.path}: tensor '{name}' has shape {list(info.numpy_shape)}, "
-                                 f"but the hyper-parameters make it {list(shape)}")
+        info = self._checked(gguf, name, shape)
         if matrix:
             out = self.backend.load_weight(gguf.raw(name), info.type, info.numpy_shape, name)
         else:
@@ -222,6 +241,43 @@ class Model:
         self._loaded += info.n_bytes
         if self._progress:
             self._progress(self._loaded, self._to_load)
+
+    def stacked(self, gguf: GGUFFile, name: str, n: int, shape: tuple[int, int]) -> list:
+        """A stacked (n, n_out, n_in) tensor (experts, heads) as n matmul weights, each a view of
+        its own bytes in the GGUF's type."""
+        info = self._checked(gguf, name, (n, *shape))
+        raw = gguf.raw(name)
+        size = len(raw) // n
+        out = [self.backend.load_weight(raw[i * size:(i + 1) * size], info.type, shape, f"{name}[{i}]")
+               for i in range(n)]
+        self.note_loaded(info)
+        return out
+
+    def stacked_transposed(self, gguf: GGUFFile, name: str, n: int, shape: tuple[int, int]) -> list:
+        """The n matrices of a stacked (n, n_in, n_out) tensor transposed to (n_out, n_in) weights,
+        in float32 (a transpose cannot stay in the GGUF's blocks). A second copy of a tensor also
+        loaded as it is, so not counted again for the progress bar."""
+        full = self.float_tensor(gguf, name, (n, *shape[::-1]), count=False)
+        return [self.from_array(m.T, f"{name}[{i}]ᵀ") for i, m in enumerate(full)]
+
+    def float_tensor(self, gguf: GGUFFile, name: str, shape: tuple[int, ...], count: bool = True) -> np.ndarray:
+        """Tensor `name` expanded to a float32 host array, to be rearranged before it is placed."""
+        info = self._checked(gguf, name, shape)
+        if count:
+            self.note_loaded(info)
+        return dequantize(gguf.raw(name), info.type, info.n_elements, name=name).reshape(shape)
+
+    def from_array(self, a: np.ndarray, name: str):
+        """A float32 host matrix as a matmul weight of the backend."""
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        return self.backend.load_weight(a.reshape(-1).view(np.uint8), GGMLQuantizationType.F32, a.shape, name)
+
+    def _checked(self, gguf: GGUFFile, name: str, shape: tuple[int, ...]):
+        info = gguf.tensor_info(name)
+        if info.numpy_shape != tuple(shape):
+            raise ModelFileError(f"{gguf.path}: tensor '{name}' has shape {list(info.numpy_shape)}, "
+                                 f"but the hyper-parameters make it {list(shape)}")
+        return info
 
     def fused(self, gguf: GGUFFile, names_shapes: list[tuple[str, tuple[int, int]]]) -> np.ndarray:
         """Several (n_out_i, n_in) weights stacked into one (sum n_out_i, n_in) matrix."""

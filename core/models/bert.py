@@ -73,7 +73,7 @@ class Bert(Model):
                 out_norm=(vec(f"{blk}.layer_output_norm.weight"), vec(f"{blk}.layer_output_norm.bias")),
             ))
 
-    def memory_spec(self) -> MemorySpec:
+    def memory_spec(self, attn_impl: str = "naive") -> MemorySpec:
         return MemorySpec({}, self.hparams.n_vocab, model_kind="encoder")
 
     def encode(self, g) -> np.ndarray:

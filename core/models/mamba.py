@@ -89,7 +89,7 @@ class StateSpaceModel(Model):
     def mixer(self, g, il: int, layer, x: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    def memory_spec(self) -> MemorySpec:
+    def memory_spec(self, attn_impl: str = "naive") -> MemorySpec:
         hp = self.hparams
         spec = RecurrentSpec((hp.d_conv - 1, self.conv_channels), self.ssm_shape)
         return MemorySpec({il: spec for il in range(hp.n_layer)}, hp.n_vocab)

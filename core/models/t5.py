@@ -102,7 +102,7 @@ class T5(Model):
             layer.cross_wo = self.weight(gguf, f"{blk}.cross_attn_o.weight", (hp.n_embd, n_out))
         return layer
 
-    def memory_spec(self) -> MemorySpec:
+    def memory_spec(self, attn_impl: str = "naive") -> MemorySpec:
         """The decoder's self-attention layers; their keys carry no rotation (nothing to shift)."""
         hp = self.hparams
         layers = {il: AttnSpec(hp.n_head_kv, hp.head_dim_k, hp.head_dim_v) for il in range(self.n_dec_layer)}
