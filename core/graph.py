@@ -89,11 +89,11 @@ class Graph:
         d_v = v_dim if v is None else v.shape[2]
         groups = view.groups()
         if len(groups) == 1:
-            return self._attend(il, q, groups[0], scale, kq_bias, indexer)[..., :d_v].reshape(len(q), -1)
+            return self._attend(il, q, groups[0], scale, kq_bias, indexer, d_v)[..., :d_v].reshape(len(q), -1)
         out = self.ops.xp.empty((len(q), q.shape[1], d_v), dtype=np.float32)
         for g in groups:  # one per cache stream
             rows = g.rows if isinstance(g.rows, slice) else self.ops.asarray(g.rows)
-            out[rows] = self._attend(il, q[rows], g, scale, kq_bias, indexer and indexer.rows(rows))[..., :d_v]
+            out[rows] = self._attend(il, q[rows], g, scale, kq_bias, indexer and indexer.rows(rows), d_v)[..., :d_v]
         return out.reshape(len(q), -1)
 
     def cross_attn(self, il: int, q: np.ndarray, project, scale: float) -> np.ndarray:
@@ -105,17 +105,23 @@ class Graph:
         mask = self.cross.mask(self.ub.seq_id)
         return self.ops.flash_attn_ext(q, k, v, mask, scale).reshape(len(q), -1)
 
-    def _attend(self, il: int, q, group, scale: float, kq_bias=None, indexer=None):
+    def _attend(self, il: int, q, group, scale: float, kq_bias=None, indexer=None, d_v: int = 0):
+        """Attention of one group of query rows. Where V is a view of K, a backend that reads
+        strided rows gets that view; the others attend with all of K as values and the caller
+        keeps the first d_v dims of the output (the CPU kernels read rows in place that way)."""
         t0 = time.perf_counter() if self.stats is not None else 0.0
+        values = group.values
+        if values is group.keys and self.ops.reads_value_views:
+            values = values[..., :d_v]
         if indexer is not None:
             mask, n_kv_max = group.produce_mask(il, q, self.ops.xp, {"indexer_q": indexer.q, "indexer_w": indexer.w})
             self.cb("dsa_mask", il, mask)
         else:
             mask, n_kv_max = self._mask(il, q, group)
         if kq_bias is not None:  # llama.cpp never uses flash attention with a KQ bias
-            out = self.ops.attn_soft_max(q, group.keys, group.values, mask + kq_bias(group.pos, group.cell_pos), scale)
+            out = self.ops.attn_soft_max(q, group.keys, values, mask + kq_bias(group.pos, group.cell_pos), scale)
         else:
-            out = self.ops.flash_attn_ext(q, group.keys, group.values, mask, scale, n_kv_max=n_kv_max)
+            out = self.ops.flash_attn_ext(q, group.keys, values, mask, scale, n_kv_max=n_kv_max)
         if self.stats is not None:
             self.ops.synchronize()
             self.stats.add(il, group, mask, time.perf_counter() - t0, self.ops, n_kv_max)

@@ -484,6 +484,129 @@ register(Op(
     nmse=lambda p: 0.0,
 ))
 
+# ---- sparse attention's selection: TOP_K over a mask, LIGHTNING_INDEXER ------------------------
+
+def _masked_scores_make(p, rng):
+    """Distinct scores (a permutation) and a causal mask with holes (other sequences' cells)."""
+    rows, n_kv = p["rows"], p["kv"]
+    pos = np.sort(rng.choice(n_kv, rows, replace=False))
+    visible = (np.arange(n_kv)[None, :] <= pos[:, None]) & (rng.random((rows, n_kv)) >= p["holes"])
+    base = np.where(visible, np.float32(0), np.float32(-np.inf)).astype(np.float32)
+    return dict(scores=rng.permutation(rows * n_kv).reshape(rows, n_kv).astype(np.float32) / 64, base=base)
+
+
+def _top_k_mask_ref(i, p):
+    out = np.full(i["base"].shape, -np.inf)
+    for r, (scores, base) in enumerate(zip(i["scores"].astype(np.float64), i["base"])):
+        visible = np.flatnonzero(np.isfinite(base))
+        kept = visible if len(visible) <= p["k"] else visible[np.argsort(-scores[visible])[:p["k"]]]
+        out[r, kept] = 0.0
+    return out
+
+
+def _top_k_mask_run(b, i, p):
+    from .memory.masks import top_k_mask
+
+    return top_k_mask(i["scores"], i["base"], p["k"], b.xp)
+
+
+register(Op(
+    "TOP_K_MASK", make=_masked_scores_make, reference=_top_k_mask_ref, run=_top_k_mask_run,
+    cases=lambda quick: [dict(rows=r, kv=n, k=k, holes=h) for r, n in ((1, 40), (16, 300), (96, 2048))
+                         for k in (16, 64) for h in (0.0, 0.3)],
+    nmse=lambda p: 0.0,  # a selection: the kept cells must be the same
+))
+
+
+def _indexer_make(p, rng):
+    rows, n_head, d = p["rows"], p["n_head"], p["d"]
+    keys = _f32(rng, p["kv"], 1, d)
+    if p["type_k"] == "f16":
+        keys = keys.astype(np.float16)
+    return dict(q=_f32(rng, rows, n_head, d), w=_f32(rng, rows, n_head), keys=keys)
+
+
+def _indexer_ref(i, p):
+    dots = np.einsum("rhd,kd->rhk", i["q"].astype(np.float64), i["keys"][:, 0].astype(np.float64))
+    return np.einsum("rh,rhk->rk", i["w"].astype(np.float64), np.maximum(dots, 0.0))
+
+
+def _indexer_run(b, i, p):
+    from .memory.masks import indexer_scores
+
+    return indexer_scores(i["q"], i["w"], i["keys"], b.xp)
+
+
+register(Op(
+    "LIGHTNING_INDEXER", make=_indexer_make, reference=_indexer_ref, run=_indexer_run,
+    cases=lambda quick: [dict(rows=r, n_head=h, d=d, kv=n, type_k=t) for r, h, d, n in
+                         ((1, 16, 64, 96), (96, 16, 64, 96), (7, 64, 128, 1000)) for t in ("f32", "f16")],
+    nmse=lambda p: 1e-10,  # float32 dot products of at most 128 terms; f16 keys are exact in f32
+))
+
+# ---- MOE_ROUTE -----------------------------------------------------------------------------------
+
+
+def _route_make(p, rng):
+    """Router logits and selection bias on grids far apart enough that no choice is a near-tie."""
+    logits = rng.permutation(p["rows"] * p["n_expert"]).reshape(p["rows"], p["n_expert"]).astype(np.float32)
+    bias = (rng.permutation(p["n_expert"]) % 16).astype(np.float32) / 64 if p["bias"] else None
+    return dict(logits=logits * np.float32(4.0 / logits.size), **({"bias": bias} if bias is not None else {}))
+
+
+def _route_params(p):
+    from .moe import MoEParams
+
+    return MoEParams(n_expert=p["n_expert"], n_used=p["n_used"], n_ff=1, gating=p["gating"],
+                     norm_weights=bool(p["norm"]), weights_scale=p["scale"], n_group=p["groups"][0],
+                     n_group_used=p["groups"][1])
+
+
+def _route_ref(i, p):
+    """Per row, as llama.cpp's build_moe_ffn: probs, selection score (+ bias), groups scored by the
+    sum of their two best, top-k among the open groups, unbiased weights, normalized, scaled."""
+    out = np.zeros(i["logits"].shape)
+    n_group, n_group_used = p["groups"]
+    for r, logits in enumerate(i["logits"].astype(np.float64)):
+        if p["gating"] == "softmax":
+            probs = np.exp(logits - logits.max())
+            probs /= probs.sum()
+        else:
+            probs = 1.0 / (1.0 + np.exp(-logits))
+        select = probs + (i["bias"] if "bias" in i else 0.0)
+        groups = select.reshape(n_group, -1)
+        group_score = np.sort(groups, axis=1)[:, -2:].sum(axis=1)
+        closed = np.argsort(-group_score)[n_group_used:]
+        groups[closed] = -np.inf
+        chosen = np.argsort(-groups.reshape(-1))[:p["n_used"]]
+        weights = probs[chosen]
+        if p["norm"]:
+            weights = weights / max(weights.sum(), 6.103515625e-5)
+        out[r, chosen] = weights * (p["scale"] or 1.0)
+    return out
+
+
+def _route_run(b, i, p):
+    from .moe import route
+
+    r = route(b.to_numpy(i["logits"]), _route_params(p), b.to_numpy(i["bias"]) if "bias" in i else None)
+    out = np.zeros(r.experts.shape[:1] + (p["n_expert"],), dtype=np.float32)
+    np.put_along_axis(out, r.experts, r.weights, axis=1)
+    return out
+
+
+register(Op(
+    "MOE_ROUTE", make=_route_make, reference=_route_ref, run=_route_run,
+    cases=lambda quick: [
+        dict(rows=r, n_expert=e, n_used=k, gating=g, norm=n, scale=s, groups=grp, bias=bias)
+        for r in (1, 7)
+        for e, k, g, n, s, grp, bias in ((8, 2, "softmax", 1, 0.0, (1, 1), False),  # Mixtral
+                                         (64, 6, "softmax", 0, 2.0, (1, 1), False),  # DeepSeek-V2
+                                         (256, 8, "sigmoid", 1, 2.5, (8, 4), True),  # DeepSeek-V3
+                                         (8, 2, "sigmoid", 1, 2.5, (4, 2), True))],  # tiny-deepseek32
+    nmse=lambda p: 1e-10,  # float32 weights of the same experts
+))
+
 # ---- FLASH_ATTN_EXT --------------------------------------------------------------------------
 
 KV_TYPES = {"f32": None, "f16": None, "q8_0": T.Q8_0}

@@ -42,6 +42,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 step pytest-cuda 90 pytest.txt python3 -m pytest -m cuda -q -rs -p no:cacheprovider tests/test_cuda.py
 step test-ops 45 testops.txt $llm test-ops test -b cuda
+step deepseek32-dsa 30 dsa.txt $llm generate -m tests/fixtures/tiny/tiny-deepseek32.gguf --backend cuda --attn sparse \
+    -p "To be, or not to be" -n 16 --temp 0 -v
 step test-ops-perf-fa 45 perf.txt $llm test-ops perf -b cuda -o FLASH_ATTN_EXT -p 'kv=32768.*type_K=f16'
 step random-model 20 env.txt python3 scripts/random_model.py smollm2-135m "$model" --ctx 40960
 step bench-cuda 45 bench.md $llm bench -m "$model" --backend cuda pp2048 tg32 tg128 pp2048@d32768 tg32@d32768 -r 3

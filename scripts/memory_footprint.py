@@ -2,7 +2,9 @@
 
     python scripts/memory_footprint.py [-m gemma3-270m] [-c 32768] [-ctk f32] [-np 1]
 
-Only the cache arrays are counted; they are allocated lazily, so this costs no RAM.
+Only the cache arrays are counted; they are allocated lazily, so this costs no RAM. For a
+latent-attention model (deepseek2) `unified`/`split` cache the naive per-head K and V
+(--attn-impl naive), `mla` only the latent, `dsa` the latent and the indexer keys.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.hub import resolve_model
 from llmsuite.core.models import load_model
 
-KINDS = [("unified", {}), ("split", {}), ("iswa", {}), ("iswa --swa-full", {"swa_full": True}), ("none", {})]
+KINDS = [("unified", {}), ("split", {}), ("iswa", {}), ("iswa --swa-full", {"swa_full": True}), ("mla", {}),
+         ("dsa", {}), ("none", {})]
 
 
 def main() -> None:

@@ -132,10 +132,11 @@ def logits_on(backend: str, path: Path, tokens: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("shape", ["smollm2-135m", "gemma3-270m", "tiny-gemma3-swa", "tiny-llama-moe", "tiny-qwen3"])
+@pytest.mark.parametrize("shape", ["smollm2-135m", "gemma3-270m", "tiny-gemma3-swa", "tiny-llama-moe", "tiny-qwen3",
+                                   "tiny-deepseek2", "tiny-deepseek32"])
 def test_engine_on_the_device_equals_the_cpu_engine(cuda, shape, tmp_path):
     """Whole forward passes (prompt-sized, so the WMMA kernel, and the plain path for head 32 of the
-    tiny models; experts routed on the host) against the CPU engine, which the real-model and
+    tiny models, MLA and the DSA indexer; experts routed on the host) against the CPU engine, which the real-model and
     fixture tests tie to llama.cpp."""
     if shape.startswith("tiny-"):
         path = TINY_GEMMA3.parent / f"{shape}.gguf"

@@ -18,7 +18,8 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 # ops whose answer comes from cuBLAS, CuPy algebra or plain copies: these must be right here too
 COMPUTED_WITHOUT_KERNELS = ("MUL_MAT(type_a=f32", "MUL_MAT(type_a=f16", "GET_ROWS(type=f32", "GET_ROWS(type=f16",
                             "SET_ROWS(type=f32", "ADD(", "MUL(", "SCALE(", "TOP_K(", "FLASH_ATTN_EXT(hsk=40,",
-                            "FLASH_ATTN_EXT(hsk=80,", "FLASH_ATTN_EXT(hsk=96,", "FLASH_ATTN_EXT(hsk=192,")
+                            "FLASH_ATTN_EXT(hsk=80,", "FLASH_ATTN_EXT(hsk=96,", "FLASH_ATTN_EXT(hsk=192,",
+                            "TOP_K_MASK(", "LIGHTNING_INDEXER(", "MOE_ROUTE(")
 
 
 @pytest.fixture
@@ -85,7 +86,7 @@ def test_forward_passes_launch_as_declared(cuda, tmp_path, preset, attn):
         <= set(fake_cupy.RawModule.launches)
 
 
-@pytest.mark.parametrize("name", ["tiny-llama-moe", "tiny-qwen3"])
+@pytest.mark.parametrize("name", ["tiny-llama-moe", "tiny-qwen3", "tiny-deepseek2", "tiny-deepseek32"])
 def test_tiny_models_launch_as_declared(cuda, name):
     """Mixture of experts (routing on the host, each expert's rows on the device) and Qwen3's
     per-head norms go through the device ops."""

@@ -77,6 +77,7 @@ def _alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
 class CPUBackend(ArrayAlgebra):
     name = "cpu"
     xp = np
+    reads_value_views = False  # attention reads f16/f32 cache rows in place only when they are whole rows
 
     def __init__(self, attn_path: str = "auto", numerics: str = "f32"):
         self.attn_path = attn_path  # "auto", "dense" or "sparse" (forced where the hint allows it)

@@ -77,6 +77,7 @@ def _alibi_args(n_head: int, max_bias: float) -> tuple:
 class CUDABackend(ArrayAlgebra):
     name = "cuda"
     xp = cp
+    reads_value_views = True  # V may be a strided view of K (MLA): the kernels take a row stride
 
     def __init__(self, attn_path: str = "auto"):
         self.attn_path = attn_path

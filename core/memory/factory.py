@@ -199,11 +199,11 @@ def _attention_only(name: str):
         if spec.of(RecurrentSpec):
             return (f"--kv {name} caches attention keys and values; {arch} has recurrent layers "
                     f"(use --kv {default_kind(spec)} or --kv none)")
+        if name == "iswa" and not spec.window_layers:
+            return f"--kv iswa needs sliding-window layers; {arch} has none"
         if _latent(spec):
             return (f"--kv {name} caches K and V per head; {arch} with --attn-impl mla caches the latent "
                     f"(use --kv {default_kind(spec)}" + (")" if _indexed(spec) else ", or --attn-impl naive)"))
-        if name == "iswa" and not spec.window_layers:
-            return f"--kv iswa needs sliding-window layers; {arch} has none"
         if name == "split" and p.n_ctx // p.n_seq_max < 1:
             return f"-c {p.n_ctx} cannot be split into {p.n_seq_max} sequences"
         return None

@@ -167,6 +167,14 @@ class Model:
         return read_hparams(gguf, self.arch)
 
     def load_tensors(self, gguf: GGUFFile) -> None:
+        """The token embeddings, every layer by `load_layer`, the final norm and the lm head."""
+        hp = self.hparams
+        self.token_embd = self.weight(gguf, "token_embd.weight", (hp.n_vocab, hp.n_embd))
+        self.layers = [self.load_layer(gguf, il) for il in range(hp.n_layer)]
+        self.output_norm = self.weight(gguf, "output_norm.weight", (hp.n_embd,))
+        self.output = self.output_head(gguf, self.token_embd)
+
+    def load_layer(self, gguf: GGUFFile, il: int):
         raise NotImplementedError
 
     def forward(self, g) -> np.ndarray:

@@ -87,13 +87,6 @@ class DeepSeek2(Model):
         self.mla = read_mla_params(gguf, self.arch, hp)
         return hp
 
-    def load_tensors(self, gguf: GGUFFile) -> None:
-        hp = self.hparams
-        self.token_embd = self.weight(gguf, "token_embd.weight", (hp.n_vocab, hp.n_embd))
-        self.layers = [self.load_layer(gguf, il) for il in range(hp.n_layer)]
-        self.output_norm = self.weight(gguf, "output_norm.weight", (hp.n_embd,))
-        self.output = self.output_head(gguf, self.token_embd)
-
     def load_layer(self, gguf: GGUFFile, il: int) -> MLALayer:
         hp, m, blk = self.hparams, self.mla, f"blk.{il}"
         w = lambda name, *shape: self.weight(gguf, f"{blk}.{name}.weight", shape)  # noqa: E731
