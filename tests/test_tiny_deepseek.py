@@ -192,3 +192,48 @@ def test_memory_kinds_follow_the_attention_implementation():
     assert not latent.v  # V is a view of the latent
     assert latent.nbytes * 4 == naive.nbytes  # 48 floats a cell against 4 heads × (32 + 16)
     assert Context(model, ContextParams(n_ctx=256, kv="unified")).memory.kind == "unified"  # auto → naive
+
+
+def combined_kv_b_model(tmp_path):
+    """tiny-deepseek2 as older GGUFs store it: one attn_kv_b per layer (per head, the K up-projection
+    rows then the V rows) instead of attn_k_b/attn_v_b, with per-head key/value lengths."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+    from gguf_mutants import GGUFImage, Tensor
+
+    img = GGUFImage.parse(tiny_path("deepseek2").read_bytes())
+
+    def payload(t: Tensor) -> bytes:
+        block, size = GGML_QUANT_SIZES[T(t.type)]
+        return img.data[t.offset:t.offset + int(np.prod(t.dims)) // block * size]
+
+    contents = {t.name.decode(): (t, payload(t)) for t in img.tensors}
+    for il in range(3):
+        k_b, v_b = (np.frombuffer(contents.pop(f"blk.{il}.attn_{w}_b.weight")[1], np.float16).reshape(4, -1, shape)
+                    for w, shape in (("k", 16), ("v", 32)))
+        kv_b = np.concatenate([np.concatenate([k.T, v]) for k, v in zip(k_b, v_b)])  # (4·(16 + 16), 32)
+        contents[f"blk.{il}.attn_kv_b.weight"] = (Tensor(b"", [32, 128], int(T.F16), 0), kv_b.tobytes())
+    data, img.tensors = bytearray(), []
+    for name, (t, raw) in contents.items():  # tensors packed one after another, aligned
+        data += bytes(-len(data) % img.alignment)
+        img.tensors.append(Tensor(name.encode(), t.dims, t.type, len(data)))
+        data += raw
+    img.data = bytes(data)
+    for key in ("key_length_mla", "value_length_mla"):
+        img = img.drop(f"deepseek2.attention.{key}")
+    img = img.set("deepseek2.attention.key_length", 4, 32).set("deepseek2.attention.value_length", 4, 16)
+    out = tmp_path / "tiny-deepseek2-kv_b.gguf"
+    out.write_bytes(img.serialize())
+    return out
+
+
+@pytest.mark.parametrize("attn_impl", ["mla", "naive"])
+def test_a_combined_kv_b_tensor_gives_the_same_model(tmp_path, attn_impl):
+    from llmsuite.core.models import load_model
+
+    ids = tiny_reference("deepseek2")["ids"][:32]
+    params = ContextParams(n_ctx=64, attn_impl=attn_impl)
+    split = Context(tiny_model(tiny_path("deepseek2")), params)
+    combined = Context(load_model(combined_kv_b_model(tmp_path)), params)
+    for ctx in (split, combined):
+        assert ctx.decode(Batch.from_tokens(ids, all_outputs=True)) == 0
+    np.testing.assert_allclose(combined.logits, split.logits, atol=1e-4, rtol=0)
