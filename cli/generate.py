@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 import time
 from pathlib import Path
@@ -9,7 +10,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from llmsuite.core.chat import chat_prompt
+from llmsuite.core.chat import chat_prompt, resolve_template
+from llmsuite.core.conversation import Conversation
 from llmsuite.core.context import Context
 from llmsuite.core.graph import AttnStats
 from llmsuite.core.memory.masks import SparseParams
@@ -19,6 +21,7 @@ from llmsuite.core.sampling import DEFAULT_SEED, Sampler, SamplerParams
 
 from . import options as opt
 from .common import err_console, log, open_model, read_text_file, settings
+from .conversation import converse
 
 
 def generate(
@@ -54,12 +57,26 @@ def generate(
     system: Annotated[Optional[str], typer.Option("--system", "-sys", help="system message for --chat")] = None,
     prompt_cache: Annotated[Optional[Path], typer.Option("--prompt-cache", help="state file to reuse the prompt from")] = None,
     display_prompt: Annotated[bool, typer.Option("--display-prompt/--no-display-prompt")] = True,
+    conversation: Annotated[bool, typer.Option("-cnv", "--conversation", help="chat turn by turn over the chat "
+                                               "template (llama-cli); -p is then the system message")] = False,
+    interactive: Annotated[bool, typer.Option("-i", "--interactive", help="continue the prompt, then take "
+                                              "input turn by turn as raw text")] = False,
+    reverse_prompt: Annotated[Optional[list[str]], typer.Option("-r", "--reverse-prompt", help="in -cnv/-i: hand "
+                              "over to the user when the output ends with this text (repeatable)")] = None,
+    in_prefix: Annotated[str, typer.Option("--in-prefix", help="in -cnv/-i: text put before each input")] = "",
+    in_suffix: Annotated[str, typer.Option("--in-suffix", help="in -cnv/-i: text put after each input")] = "",
+    chat_template: Annotated[Optional[str], typer.Option("--chat-template", help="chat template: a NAME (chatml) "
+                             "or a Jinja FILE instead of the GGUF's (which falls back to chatml)")] = None,
+    verbose_prompt: Annotated[bool, typer.Option("--verbose-prompt", help="print the prompt and its tokens "
+                              "on stderr before generating")] = False,
 ) -> None:
-    """Generate text from a prompt (llama-completion)."""
+    """Generate text from a prompt (llama-completion); -cnv chats turn by turn (llama-cli)."""
     text = _prompt_text(prompt, file)
     _check_sampling(temp, repeat_penalty, n_predict)
-    if system is not None and not chat:
-        raise InvalidInputError("--system only applies with --chat")
+    talk = conversation or interactive
+    _check_conversation_flags(conversation, interactive, chat, parallel, reverse_prompt, in_prefix, in_suffix)
+    if system is not None and not (chat or conversation):
+        raise InvalidInputError("--system only applies with --chat or -cnv")
     params = opt.context_params(ctx_size, batch_size, ubatch_size, parallel, kv, ctx_kind, swa_full,
                                 cache_type_k, cache_type_v, backend, attn, numerics,
                                 SparseParams(sparse_topk, sparse_block, sparse_local, sparse_layers), attn_impl)
@@ -67,9 +84,27 @@ def generate(
     ctx = Context(lm, params)
     if settings["verbose"]:
         ctx.attn_stats = AttnStats()
+    template = None
+    if chat or conversation:
+        template, source = resolve_template(lm.chat_template, chat_template)
+        (log if source == "the model's" else err_console.print)(f"chat template: {source}")
+    sampler_params = SamplerParams(seed=seed, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                                   repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n)
+    if talk:
+        sampler = Sampler(sampler_params, ctx.backend)
+        conv = (Conversation(ctx, sampler, template, system=system if system is not None else text) if conversation
+                else Conversation(ctx, sampler, None, prompt=text))
+        if interactive and display_prompt:
+            sys.stdout.write(text)
+        turns = converse(conv, n_predict, tuple(reverse_prompt or ()), in_prefix, in_suffix + ("" if conversation else "\n"),
+                         answer_first=interactive and bool(text))
+        print_perf(ctx, t_load, conv.t_sample, sum(len(t.tokens) for t in turns))
+        return
     if chat:
-        text = chat_prompt(lm, text, system)
+        text = chat_prompt(lm, text, system, template)
     tokens = lm.vocab.tokenize(text, add_special=True, parse_special=True)
+    if verbose_prompt:
+        print_prompt(lm.vocab, text, tokens)
     check_prompt(ctx, tokens)
     samplers = [Sampler(SamplerParams(seed=seed if seed == DEFAULT_SEED else seed + i, temp=temp, top_k=top_k,
                                       top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
@@ -117,6 +152,20 @@ def _prompt_text(prompt: str | None, file: Path | None) -> str:
     return prompt or ""
 
 
+def _check_conversation_flags(conversation: bool, interactive: bool, chat: bool, parallel: int, reverse_prompt,
+                              in_prefix: str, in_suffix: str) -> None:
+    if conversation and interactive:
+        raise InvalidInputError("-cnv chats over the template and -i continues raw text: choose one")
+    if (conversation or interactive) and parallel != 1:
+        raise InvalidInputError("-cnv and -i hold one conversation: drop -np")
+    if conversation and chat:
+        raise InvalidInputError("--chat formats one prompt; -cnv formats every turn: choose one")
+    if any(r == "" for r in reverse_prompt or ()):
+        raise InvalidInputError("-r/--reverse-prompt cannot be empty")
+    if not (conversation or interactive) and (reverse_prompt or in_prefix or in_suffix):
+        raise InvalidInputError("-r, --in-prefix and --in-suffix apply to -cnv and -i")
+
+
 def _check_sampling(temp: float, repeat_penalty: float, n_predict: int) -> None:
     if temp < 0:
         raise InvalidInputError("--temp must be >= 0")
@@ -124,6 +173,14 @@ def _check_sampling(temp: float, repeat_penalty: float, n_predict: int) -> None:
         raise InvalidInputError("--repeat-penalty must be a positive number")
     if n_predict < -1:
         raise InvalidInputError("-n must be -1 (until end of generation) or a token count")
+
+
+def print_prompt(vocab, text: str, tokens: list[int]) -> None:
+    """--verbose-prompt: the prompt and each of its tokens, as llama-completion prints them."""
+    pieces = [f"{t:6d} -> '{vocab.token_to_piece(t, special=True).decode('utf-8', errors='replace')}'"
+              for t in tokens]
+    err_console.print(f"prompt: '{text}'\nnumber of tokens in prompt = {len(tokens)}\n" + "\n".join(pieces),
+                      markup=False)
 
 
 def print_attn_stats(ctx: Context) -> None:
@@ -151,3 +208,13 @@ def print_perf(ctx: Context, t_load: float, t_sample: float, n_sampled: int) -> 
         f"llm_perf_print:       total time = {total_ms:10.2f} ms / {p.n_p_eval + p.n_eval:5d} tokens",
     ]
     err_console.print("\n".join(lines), markup=False)
+
+
+def chat(**options) -> None:
+    """Chat with a model turn by turn (llama-cli's conversation: llm generate -cnv)."""
+    generate(**options, conversation=True)
+
+
+# generate's options, less -cnv, as Typer reads them (annotations evaluated: this module's are strings)
+_options = inspect.signature(generate, eval_str=True)
+chat.__signature__ = _options.replace(parameters=[p for p in _options.parameters.values() if p.name != "conversation"])

@@ -14,7 +14,7 @@ LLM = [sys.executable, "-m", "llmsuite.cli.main"]
 
 def llm(*args, env=None):
     return subprocess.run(LLM + list(args), capture_output=True, text=True, env={**os.environ, **(env or {})},
-                          timeout=300)
+                          timeout=300, stdin=subprocess.DEVNULL)
 
 
 def assert_one_line_error(result, fragment):
@@ -37,6 +37,19 @@ def test_generate_chat_uses_the_template():
     assert r.stdout.strip()
 
 
+def test_chat_falls_back_to_chatml_as_llama_cpp(tmp_path):
+    """gemma3-270m's GGUF has no template: --chat uses chatml and says so; --chat-template FILE wins."""
+    r = llm("generate", "-m", str(TINY_GEMMA3), "--chat", "-p", "hi", "-n", "1", "--temp", "0", "--verbose-prompt")
+    assert r.returncode == 0, r.stderr
+    assert "chat template: chatml (the model has none)" in r.stderr
+    assert "<|im_start|>user\nhi<|im_end|>" in r.stderr
+    template = tmp_path / "plain.jinja"
+    template.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant]")
+    r = llm("generate", "-m", str(TINY_GEMMA3), "--chat", "--chat-template", str(template), "-p", "hi", "-n", "1",
+            "--temp", "0", "--verbose-prompt")
+    assert r.returncode == 0 and "[user] hi\n[assistant]" in r.stderr, r.stderr
+
+
 def test_tokenize_ids():
     r = llm("tokenize", "-m", "gemma3-270m", "--ids", "Hello world")
     assert r.returncode == 0 and r.stdout.strip() == "[2, 9259, 1902]"
@@ -50,7 +63,6 @@ def test_info_json():
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["generate", "-m", "gemma3-270m", "--chat", "-p", "hi"], "no chat template"),
     (["generate", "-m", str(TINY_GEMMA3), "-c", "16", "-p", "one two three four five six seven eight nine ten eleven twelve thirteen fourteen"],
      "too long"),
     (["generate", "-m", str(TINY_GEMMA3), "-b", "16", "-ub", "32", "-p", "hi"], "cannot exceed the batch"),
@@ -62,6 +74,10 @@ def test_info_json():
     (["generate", "-ctk", "q5_9", "-p", "hi"], "--cache-type-k q5_9 is not supported"),
     (["generate", "--kv", "bogus", "-p", "hi"], "unknown --kv 'bogus'"),
     (["info", str(TINY_GEMMA3.parent / "tiny-gemma3-swa.json")], "not a GGUF file"),
+    (["generate", "--bogus"], "invalid argument: --bogus"),
+    (["generate", "-c", "abc"], "invalid value for '-c'"),
+    (["generate", "-p"], "option '-p' requires an argument"),
+    (["no-such-command"], "no such command 'no-such-command'"),
 ])
 def test_bad_input_is_one_sentence(args, fragment):
     assert_one_line_error(llm(*args), fragment)
