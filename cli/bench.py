@@ -50,6 +50,16 @@ def bench(
     kv: Annotated[ListOpt, typer.Option("--kv", help=f"memory classes: {','.join(KV_KINDS)}")] = None,
     attn: Annotated[ListOpt, typer.Option("--attn", help=f"attention paths: {','.join(ATTN_PATHS)}")] = None,
     backend: Annotated[ListOpt, typer.Option("--backend", help="backends: cpu,cuda")] = None,
+    threads: Annotated[ListOpt, typer.Option("-t", "--threads", help="thread counts (the cpu backend)")] = None,
+    gpu_layers: opt.GpuLayers = None,
+    flash_attn: Annotated[str, typer.Option("-fa", "--flash-attn", help="0|1 (or off|on|auto): 0 runs attention "
+                          "on the dense path")] = "auto",
+    mmap: Annotated[Optional[str], typer.Option("-mmp", "--mmap", help="llama-bench's 0|1 (no effect here: the GGUF "
+                    "is mapped)")] = None,
+    device: opt.Device = None,
+    split_mode: opt.SplitMode = None,
+    main_gpu: opt.MainGpu = None,
+    verbose: opt.Verbose = False,
     sparse_topk: Annotated[ListOpt, typer.Option("--sparse-topk", help="block top-k sizes K (0: dense), e.g. 0,1024")] = None,
     sparse_block: opt.SparseBlock = opt.SPARSE.block,
     sparse_local: opt.SparseLocal = opt.SPARSE.local,
@@ -59,6 +69,11 @@ def bench(
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="progress on stderr")] = True,
 ) -> None:
     """Measure prompt processing and generation speed (llama-bench)."""
+    opt.verbose_flag(verbose)
+    fa = {"0": "off", "1": "on"}.get(flash_attn, flash_attn)
+    if opt.llama_cpp_flags("auto", gpu_layers, fa, device, split_mode, main_gpu, mmap is not None) == "dense" \
+            and not attn:
+        attn = ["dense"]
     if output not in ("md", "csv", "json", "jsonl"):
         raise InvalidInputError(f"unknown output format '{output}' (md, csv, json or jsonl)")
     if repetitions < 1:
@@ -66,6 +81,9 @@ def bench(
     tests = _tests(specs, n_prompt, n_gen, pg, depth)
     axes = _axes(batch, ubatch, cache_type_k, cache_type_v, kv, attn, backend)
     axes["sparse_topk"] = _ints(sparse_topk, "--sparse-topk")
+    axes["n_threads"] = _ints(threads, "-t")
+    if any(t < 1 for t in axes["n_threads"]):
+        raise InvalidInputError("-t takes thread counts of at least 1")
     sparse = SparseParams(0, sparse_block, sparse_local, sparse_layers)
     for k in axes["sparse_topk"] or [0]:
         replace(sparse, topk=k).validate()
@@ -181,7 +199,7 @@ def _fields(r: core.Result, paths) -> dict:
                 gpu_info=device if inst.backend == "cuda" else "", backends=inst.backend.upper(),
                 model_filename=str(paths[inst.model]), model_type=model["desc"], model_size=model["size"],
                 model_n_params=model["n_params"], n_batch=inst.n_batch, n_ubatch=inst.n_ubatch,
-                n_threads=core.blas_threads(), type_k=inst.type_k, type_v=inst.type_v, kv=inst.kv, attn=inst.attn,
+                n_threads=inst.threads, type_k=inst.type_k, type_v=inst.type_v, kv=inst.kv, attn=inst.attn,
                 sparse_topk=inst.sparse_topk,
                 n_prompt=inst.test.n_prompt, n_gen=inst.test.n_gen, n_depth=inst.test.n_depth,
                 test_time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), avg_ns=r.avg_ns,

@@ -5,9 +5,11 @@ from __future__ import annotations
 import inspect
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
+import numpy as np
 import typer
 
 from llmsuite.core.chat import chat_prompt, resolve_template
@@ -17,7 +19,7 @@ from llmsuite.core.graph import AttnStats
 from llmsuite.core.memory.masks import SparseParams
 from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.generation import check_prompt, generate as run_generation
-from llmsuite.core.sampling import DEFAULT_SEED, Sampler, SamplerParams
+from llmsuite.core.sampling import CHAIN, DEFAULT_SEED, Sampler, SamplerParams, parse_samplers
 
 from . import options as opt
 from .common import err_console, log, open_model, read_text_file, settings
@@ -51,8 +53,30 @@ def generate(
     top_k: Annotated[int, typer.Option("--top-k")] = 40,
     top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
     min_p: Annotated[float, typer.Option("--min-p")] = 0.05,
-    repeat_penalty: Annotated[float, typer.Option("--repeat-penalty")] = 1.0,
-    repeat_last_n: Annotated[int, typer.Option("--repeat-last-n")] = 64,
+    repeat_penalty: Annotated[float, typer.Option("--repeat-penalty", help="divide the logits of recent tokens "
+                              "by this (1.0: off)")] = 1.0,
+    repeat_last_n: Annotated[int, typer.Option("--repeat-last-n", help="recent tokens the penalties look at "
+                             "(0: none, -1: the context)")] = 64,
+    presence_penalty: Annotated[float, typer.Option("--presence-penalty", help="subtract this from the logit of "
+                                "every recent token (0.0: off)")] = 0.0,
+    frequency_penalty: Annotated[float, typer.Option("--frequency-penalty", help="subtract this times its count "
+                                 "from the logit of every recent token (0.0: off)")] = 0.0,
+    samplers: Annotated[str, typer.Option("--samplers", help="the sampler chain in order, ';'-separated "
+                        "(penalties;top_k;top_p;min_p;temperature; llama.cpp's dry, typ_p, xtc, top_n_sigma "
+                        "are accepted and idle)")] = ";".join(CHAIN),
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="never sample end-of-generation tokens")] = False,
+    special: Annotated[bool, typer.Option("--special", help="print special tokens as text")] = False,
+    escape: Annotated[bool, typer.Option("-e/--no-escape", "--escape", help="turn \\n, \\t, \\\\, \\\" in the "
+                      "prompt, -r, --in-prefix and --in-suffix into what they stand for")] = True,
+    threads: opt.Threads = 0,
+    threads_batch: opt.ThreadsBatch = 0,
+    gpu_layers: opt.GpuLayers = None,
+    flash_attn: opt.FlashAttn = "auto",
+    device: opt.Device = None,
+    split_mode: opt.SplitMode = None,
+    main_gpu: opt.MainGpu = None,
+    no_mmap: opt.NoMmap = False,
+    verbose: opt.Verbose = False,
     chat: Annotated[bool, typer.Option("--chat", help="format the prompt with the model's chat template")] = False,
     system: Annotated[Optional[str], typer.Option("--system", "-sys", help="system message for --chat")] = None,
     prompt_cache: Annotated[Optional[Path], typer.Option("--prompt-cache", help="state file to reuse the prompt from")] = None,
@@ -71,7 +95,13 @@ def generate(
                               "on stderr before generating")] = False,
 ) -> None:
     """Generate text from a prompt (llama-completion); -cnv chats turn by turn (llama-cli)."""
+    opt.verbose_flag(verbose)
     text = _prompt_text(prompt, file)
+    if escape:
+        text, in_prefix, in_suffix = (opt.process_escapes(s) for s in (text, in_prefix, in_suffix))
+        reverse_prompt = [opt.process_escapes(r) for r in reverse_prompt or ()]
+    attn = opt.llama_cpp_flags(attn, gpu_layers, flash_attn, device, split_mode, main_gpu, no_mmap)
+    chain = parse_samplers(samplers)
     _check_sampling(temp, repeat_penalty, n_predict)
     talk = conversation or interactive
     _check_conversation_flags(conversation, interactive, chat, parallel, reverse_prompt, in_prefix, in_suffix)
@@ -79,7 +109,8 @@ def generate(
         raise InvalidInputError("--system only applies with --chat or -cnv")
     params = opt.context_params(ctx_size, batch_size, ubatch_size, parallel, kv, ctx_kind, swa_full,
                                 cache_type_k, cache_type_v, backend, attn, numerics,
-                                SparseParams(sparse_topk, sparse_block, sparse_local, sparse_layers), attn_impl)
+                                SparseParams(sparse_topk, sparse_block, sparse_local, sparse_layers), attn_impl,
+                                threads, threads_batch)
     lm, t_load = open_model(model, backend, (params.type_k, params.type_v))
     ctx = Context(lm, params)
     if settings["verbose"]:
@@ -88,8 +119,11 @@ def generate(
     if chat or conversation:
         template, source = resolve_template(lm.chat_template, chat_template)
         (log if source == "the model's" else err_console.print)(f"chat template: {source}")
+    eog = tuple((t, -np.inf) for t in range(lm.vocab.n_tokens) if lm.vocab.is_eog(t)) if ignore_eos else ()
     sampler_params = SamplerParams(seed=seed, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                                   repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n)
+                                   repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                   frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                                   chain=chain, logit_bias=eog)
     if talk:
         sampler = Sampler(sampler_params, ctx.backend)
         conv = (Conversation(ctx, sampler, template, system=system if system is not None else text) if conversation
@@ -106,19 +140,19 @@ def generate(
     if verbose_prompt:
         print_prompt(lm.vocab, text, tokens)
     check_prompt(ctx, tokens)
-    samplers = [Sampler(SamplerParams(seed=seed if seed == DEFAULT_SEED else seed + i, temp=temp, top_k=top_k,
-                                      top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
-                                      repeat_last_n=repeat_last_n), ctx.backend) for i in range(parallel)]
+    samplers = [Sampler(replace(sampler_params, seed=seed if seed == DEFAULT_SEED else seed + i), ctx.backend)
+                 for i in range(parallel)]
+    shown = lm.vocab.detokenize(tokens, special=special) if display_prompt else ""  # as llama-completion echoes it
     log(f"sampler seed: {', '.join(str(s.seed) for s in samplers)}\n"
         f"sampler chain: {samplers[0].describe()}\n"
         f"memory: {ctx.memory.kind} ({ctx.kind}), {ctx.memory.nbytes / 2**20:.1f} MiB")
     if parallel == 1:
-        results = _stream_one(ctx, samplers, tokens, n_predict, text if display_prompt else "", prompt_cache)
+        results = _stream_one(ctx, samplers, tokens, n_predict, shown, prompt_cache, special)
     else:
         results = run_generation(ctx, samplers, tokens, n_predict, prompt_cache=prompt_cache)
         for i, result in enumerate(results):
             sys.stdout.write(f"--- completion {i + 1}/{parallel} (seed {samplers[i].seed}) ---\n")
-            sys.stdout.write((text if display_prompt else "") + lm.vocab.detokenize(result.tokens) + _ending(result))
+            sys.stdout.write(shown + lm.vocab.detokenize(result.tokens, special=special) + _ending(result))
     sys.stdout.flush()
     if any(r.stop == "context" for r in results):
         err_console.print("context full and context shift is disabled => stopping")
@@ -126,10 +160,10 @@ def generate(
     print_attn_stats(ctx)
 
 
-def _stream_one(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache):
+def _stream_one(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache, special=False):
     sys.stdout.write(shown_prompt)
     sys.stdout.flush()
-    streamer = ctx.model.vocab.streamer()
+    streamer = ctx.model.vocab.streamer(special)
 
     def emit(seq: int, token: int) -> None:
         sys.stdout.write(streamer.push(token))

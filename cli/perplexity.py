@@ -43,6 +43,15 @@ def perplexity(
     attn: opt.Attn = "auto",
     attn_impl: opt.AttnImpl = "auto",
     numerics: opt.Numerics = "f32",
+    threads: opt.Threads = 0,
+    threads_batch: opt.ThreadsBatch = 0,
+    gpu_layers: opt.GpuLayers = None,
+    flash_attn: opt.FlashAttn = "auto",
+    device: opt.Device = None,
+    split_mode: opt.SplitMode = None,
+    main_gpu: opt.MainGpu = None,
+    no_mmap: opt.NoMmap = False,
+    verbose: opt.Verbose = False,
     sparse_topk: opt.SparseTopk = 0,
     sparse_block: opt.SparseBlock = opt.SPARSE.block,
     sparse_local: opt.SparseLocal = opt.SPARSE.local,
@@ -53,6 +62,8 @@ def perplexity(
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="progress bar on stderr")] = True,
 ) -> None:
     """Perplexity of a text file, chunk by chunk (llama-perplexity)."""
+    opt.verbose_flag(verbose)
+    attn = opt.llama_cpp_flags(attn, gpu_layers, flash_attn, device, split_mode, main_gpu, no_mmap)
     if output not in ("text", "json"):
         raise InvalidInputError(f"unknown output format '{output}' (text or json)")
     if kl and kl_base is None:
@@ -75,7 +86,7 @@ def perplexity(
     sparse = SparseParams(sparse_topk, sparse_block, sparse_local, sparse_layers)
     cache_type_k, cache_type_v = opt.cache_types(backend, cache_type_k, cache_type_v)
     opt.context_params(ctx_size, batch_size, min(ubatch_size, batch_size), 1, kv, ctx_kind, swa_full,
-                       given_k, given_v, backend, attn, numerics, sparse, attn_impl)
+                       given_k, given_v, backend, attn, numerics, sparse, attn_impl, threads, threads_batch)
     lm, _ = open_model(model, backend, (cache_type_k, cache_type_v))
     if base is not None:
         if base.n_vocab != lm.hparams.n_vocab or base.vocab_fp != vocab_fingerprint(lm.vocab):
@@ -94,7 +105,7 @@ def perplexity(
     _check_memory(plan, lm.hparams.n_vocab)
     ctx = Context(lm, opt.context_params(plan.n_seq * plan.n_ctx, plan.n_batch, min(ubatch_size, plan.n_batch),
                                          plan.n_seq, kv, ctx_kind, swa_full, given_k, given_v, backend,
-                                         attn, numerics, sparse, attn_impl))
+                                         attn, numerics, sparse, attn_impl, threads, threads_batch))
     if cli_settings["verbose"]:
         ctx.attn_stats = AttnStats()
     log(f"perplexity: calculating perplexity over {plan.n_chunk} chunks, n_ctx={plan.n_ctx}, "

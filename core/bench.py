@@ -82,7 +82,7 @@ def parse_str_list(value: str) -> list[str]:
 
 # ---- instances ------------------------------------------------------------------------------
 
-AXES = ("backend", "kv", "attn", "sparse_topk", "n_batch", "n_ubatch", "type_k", "type_v")  # outer to inner, before the test
+AXES = ("backend", "n_threads", "kv", "attn", "sparse_topk", "n_batch", "n_ubatch", "type_k", "type_v")  # outer to inner
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,7 @@ class Instance:
     model: str
     test: Test
     backend: str = "cpu"
+    n_threads: int = 0  # 0: every core
     kv: str = "auto"
     attn: str = "auto"
     n_batch: int = 2048
@@ -109,7 +110,13 @@ class Instance:
                              n_ubatch=min(self.n_ubatch, self.n_batch), kv=self.kv, attn=self.attn,
                              backend=self.backend, type_k=self.type_k, type_v=self.type_v,
                              cache_types_given=(self.type_k, self.type_v) != (default_cache_type(self.backend),) * 2,
-                             sparse=replace(self.sparse, topk=self.sparse_topk))
+                             sparse=replace(self.sparse, topk=self.sparse_topk),
+                             n_threads=self.threads, n_threads_batch=self.threads)
+
+    @property
+    def threads(self) -> int:
+        """The thread count this instance runs with (-t, or every core)."""
+        return self.n_threads or blas_threads()
 
 
 def instances(models: list[str], tests: list[Test], axes: dict[str, list], **fixed) -> list[Instance]:

@@ -25,6 +25,7 @@ from .memory import MemoryParams, MemoryStatus, resolve_kinds
 from .memory.batch_only import BatchOnlyContext
 from .models.base import Model
 from .statefile import StateFileError, StateReader, StateWriter
+from .threads import use_threads
 
 STATE_MAGIC, SEQ_STATE_MAGIC = b"LLMSTATE", b"LLMSEQST"
 # A state file: magic, version, architecture, model fingerprint, memory kind, the tokens (for
@@ -52,9 +53,13 @@ class ContextParams(MemoryParams):
     numerics: str = "f32"  # "ggml": matmul activations rounded as ggml-cpu does (closer to llama.cpp)
     embeddings: bool = False  # outputs are hidden states (per token, or pooled), not logits
     pooling: str = "auto"  # auto: the model's pooling type
+    n_threads: int = 0  # -t: CPU threads for a one-token step (0: as they are)
+    n_threads_batch: int = 0  # -tb: for larger batches (0: as -t)
 
     def validate(self) -> None:
         """Refuse flag values that cannot work whatever the model (checked before loading one)."""
+        if self.n_threads < 0 or self.n_threads_batch < 0:
+            raise InvalidInputError("-t and -tb take a thread count (0: all cores)")
         if self.n_ctx < 0:
             raise InvalidInputError("-c must be 0 (the model's context) or a positive size")
         if self.n_ubatch <= 0 or self.n_batch <= 0:
@@ -149,6 +154,9 @@ class Context:
             self.balloc.init(batch, self.memory, output_all=self.embeddings)
         except InvalidInputError as e:
             return self._fail(DecodeStatus.INVALID_BATCH, str(e))
+        if self.backend.name == "cpu":  # llama.cpp: -t for a one-token step, -tb for batches
+            p = self.params
+            use_threads(p.n_threads if len(batch) == 1 else (p.n_threads_batch or p.n_threads))
         self.memory.update(self.backend)
         mctx = self.memory.init_batch(self.balloc, self.params.n_ubatch)
         if mctx.status != MemoryStatus.SUCCESS:

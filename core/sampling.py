@@ -1,10 +1,10 @@
-"""llama.cpp's default sampler chain: penalties → top-k → top-p → min-p → temperature → dist.
+"""llama.cpp's sampler chain: logit bias → penalties → top-k → top-p → min-p → temperature → dist,
+in the order `--samplers` gives.
 
 Candidates are (ids, logits) arrays narrowed step by step, in the array module of the logits, so on
 a GPU the chain runs on the device and only the chosen token comes back. `--temp 0` picks the
-arg-max of the penalised logits, which is what the chain reduces to. The uniform draw comes from
-NumPy's PCG64 seeded with `seed`, so runs repeat exactly for a given seed (llama.cpp's mt19937
-stream is not mimicked).
+arg-max of the biased, penalised logits. The uniform draw comes from NumPy's PCG64 seeded with
+`seed`, so runs repeat exactly for a given seed (llama.cpp's mt19937 stream is not mimicked).
 """
 
 from __future__ import annotations
@@ -16,6 +16,22 @@ from dataclasses import dataclass
 import numpy as np
 
 DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp: "use a random seed"
+CHAIN = ("penalties", "top_k", "top_p", "min_p", "temperature")
+# llama.cpp's samplers that its default settings leave idle: accepted in --samplers, idle here too
+IDLE = ("dry", "top_n_sigma", "typ_p", "xtc")
+ALIASES = {"top-k": "top_k", "top-p": "top_p", "nucleus": "top_p", "min-p": "min_p", "temp": "temperature",
+           "typical": "typ_p", "typical-p": "typ_p", "typ-p": "typ_p", "typ": "typ_p", "top-n-sigma": "top_n_sigma"}
+
+
+def parse_samplers(spec: str) -> tuple[str, ...]:
+    """--samplers 'penalties;top_k;top_p;min_p;temperature' (llama.cpp's names and separators)."""
+    from .errors import InvalidInputError
+
+    names = [ALIASES.get(n.strip().lower(), n.strip().lower()) for n in spec.replace(",", ";").split(";") if n.strip()]
+    unknown = [n for n in names if n not in CHAIN + IDLE]
+    if unknown:
+        raise InvalidInputError(f"--samplers: unknown sampler '{unknown[0]}' (known: {', '.join(CHAIN + IDLE)})")
+    return tuple(n for n in names if n in CHAIN)
 
 
 @dataclass
@@ -30,6 +46,8 @@ class SamplerParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     min_keep: int = 1
+    chain: tuple[str, ...] = CHAIN
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias) pairs; --ignore-eos puts -inf on EOG
 
 
 class Sampler:
@@ -50,8 +68,11 @@ class Sampler:
     def describe(self) -> str:
         """The chain as llama.cpp prints it; disabled steps carry a leading '?'."""
         p = self.params
-        steps = [("penalties", self._penalties_active()), ("top-k", p.top_k > 0), ("top-p", p.top_p < 1.0),
-                 ("min-p", p.min_p > 0.0), ("temp-ext", True), ("dist", True)]
+        active = {"penalties": self._penalties_active(), "top_k": p.top_k > 0, "top_p": p.top_p < 1.0,
+                  "min_p": p.min_p > 0.0, "temperature": True}
+        shown = {"top_k": "top-k", "top_p": "top-p", "min_p": "min-p", "temperature": "temp-ext"}
+        steps = ([("logit-bias", True)] if p.logit_bias else []) + \
+            [(shown.get(name, name), active[name]) for name in p.chain] + [("dist", True)]
         return "logits -> " + " -> ".join(name if on else f"?{name}" for name, on in steps)
 
     def _penalties_active(self) -> bool:
@@ -62,24 +83,36 @@ class Sampler:
     def sample(self, logits) -> int:
         p, xp = self.params, self.ops.xp
         values = xp.asarray(logits, dtype=np.float32).copy()
-        if self._penalties_active() and self.history:
-            values = self._apply_penalties(values)
+        for token, bias in p.logit_bias:
+            values[token] += np.float32(bias)
+        ids = xp.arange(len(values))
         if p.temp <= 0.0:
+            if "penalties" in p.chain:
+                ids, values = self._penalties(ids, values)
             return self.ops.argmax(values)
-        ids, values = self._top_k(xp.arange(len(values)), values)
-        ids, values = self._top_p(ids, values)
-        ids, values = self._min_p(ids, values)
-        probs = xp.exp((values - values.max()) / np.float32(p.temp))
+        for name in p.chain:
+            ids, values = getattr(self, f"_{name}")(ids, values)
+        probs = xp.exp(values - values.max())
         return self.ops.sample_cdf(probs, ids, float(self.rng.random()))
 
-    def _apply_penalties(self, values):
+    def _penalties(self, ids, values):
+        """llama.cpp's penalties on the candidates: repeat (scaling), frequency and presence
+        (subtracted), by how often each token appears in the last repeat_last_n."""
+        if not (self._penalties_active() and self.history):
+            return ids, values
         p, xp = self.params, self.ops.xp
         tokens, counts = np.unique(np.fromiter(self.history, dtype=np.int64), return_counts=True)
-        tokens, counts = xp.asarray(tokens), xp.asarray(counts.astype(np.float32))
-        hit = values[tokens]
-        hit = xp.where(hit <= 0, hit * np.float32(p.repeat_penalty), hit / np.float32(p.repeat_penalty))
-        values[tokens] = hit - (counts * np.float32(p.frequency_penalty) + np.float32(p.presence_penalty))
-        return values
+        seen = np.zeros(max(int(tokens.max()), int(ids.max())) + 1, dtype=np.float32)
+        seen[tokens] = counts
+        count = xp.asarray(seen)[ids]
+        hit = count > 0
+        scaled = xp.where(values <= 0, values * np.float32(p.repeat_penalty), values / np.float32(p.repeat_penalty))
+        values = xp.where(hit, scaled, values) - (count * np.float32(p.frequency_penalty)
+                                                  + hit * np.float32(p.presence_penalty))
+        return ids, values.astype(np.float32)
+
+    def _temperature(self, ids, values):
+        return ids, values / np.float32(self.params.temp)
 
     def _top_k(self, ids, values):
         xp, k = self.ops.xp, self.params.top_k
@@ -94,6 +127,9 @@ class Sampler:
         top_p, xp = self.params.top_p, self.ops.xp
         if top_p >= 1.0:
             return ids, values
+        if len(values) > 1 and not bool((values[:-1] >= values[1:]).all()):  # top-k has not sorted them
+            order = xp.argsort(-values, kind="stable")
+            ids, values = ids[order], values[order]
         cum = xp.cumsum(_softmax(xp, values))
         reached = int(xp.searchsorted(cum, np.float32(top_p), side="left"))  # first index with cum >= p
         keep = max(min(reached + 1, len(values)), self.params.min_keep)

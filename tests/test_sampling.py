@@ -47,9 +47,41 @@ def test_repeat_penalty_follows_llama_cpp():
     s = Sampler(SamplerParams(temp=0.0, repeat_penalty=2.0, repeat_last_n=4))
     for tok in (1, 2):
         s.accept(tok)
-    out = s._apply_penalties(logits_with({1: 4.0, 2: -1.0, 3: 2.5}))
+    _, out = s._penalties(np.arange(100), logits_with({1: 4.0, 2: -1.0, 3: 2.5}))
     assert out[1] == 2.0 and out[2] == -2.0 and out[3] == 2.5
     assert s.sample(logits_with({1: 4.0, 3: 2.5})) == 3
+
+
+def test_frequency_and_presence_penalties_subtract_per_count():
+    s = Sampler(SamplerParams(temp=0.0, frequency_penalty=0.5, presence_penalty=0.25, repeat_last_n=8))
+    for tok in (1, 1, 1, 2):
+        s.accept(tok)
+    _, out = s._penalties(np.array([3, 1, 2]), np.array([2.0, 4.0, 1.0], np.float32))  # candidates in any order
+    np.testing.assert_allclose(out, [2.0, 4.0 - 1.5 - 0.25, 1.0 - 0.5 - 0.25])
+
+
+def test_logit_bias_and_ignore_eos():
+    banned = Sampler(SamplerParams(temp=0.0, logit_bias=((7, -np.inf),)))
+    assert banned.sample(logits_with({7: 3.0, 8: 2.9})) == 8
+    assert "logit-bias" in banned.describe()
+
+
+def test_samplers_flag_orders_and_prunes_the_chain():
+    from llmsuite.core.errors import InvalidInputError
+    from llmsuite.core.sampling import parse_samplers
+
+    assert parse_samplers("penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature") == \
+        ("penalties", "top_k", "top_p", "min_p", "temperature")  # llama.cpp's default: the idle ones drop out
+    assert parse_samplers("temp;top-k") == ("temperature", "top_k")
+    with pytest.raises(InvalidInputError, match="unknown sampler 'mirostat9'"):
+        parse_samplers("top_k;mirostat9")
+    # top-p before top-k: it sorts the candidates itself; without top-k all 4 tokens stay possible
+    logits = logits_with({0: np.log(0.4), 1: np.log(0.3), 2: np.log(0.2), 3: np.log(0.1)}, n=4)
+    only_top_p = Sampler(SamplerParams(seed=2, top_p=0.65, min_p=0.0, temp=1.0, chain=("top_p", "temperature")))
+    assert {only_top_p.sample(logits) for _ in range(300)} == {0, 1}
+    no_top_k = Sampler(SamplerParams(seed=2, top_k=1, top_p=1.0, min_p=0.0, temp=1.0, chain=("temperature",)))
+    assert {no_top_k.sample(logits) for _ in range(300)} == {0, 1, 2, 3}
+    assert no_top_k.describe() == "logits -> temp-ext -> dist"
 
 
 @pytest.mark.parametrize("params, chain", [

@@ -1,0 +1,88 @@
+"""The flags llama.cpp users type, with llama.cpp's spellings and meanings (or accepted and reported
+as having no effect here)."""
+
+import json
+
+import numba
+import pytest
+
+from conftest import TINY_GEMMA3, tiny_model
+from llmsuite.core.batch import Batch
+from llmsuite.core.context import Context, ContextParams
+from test_cli import assert_one_line_error, llm
+
+TINY = str(TINY_GEMMA3)
+
+
+def generate(*args):
+    return llm("generate", "-m", TINY, "--temp", "0", *args)
+
+
+def test_escapes_are_processed_unless_no_escape():
+    escaped = generate("-p", r"one\ttwo\nthree \"four\" \x41", "-n", "0")
+    assert escaped.returncode == 0 and escaped.stdout.startswith('one\ttwo\nthree "four" A'), escaped.stdout
+    raw = generate("-p", r"one\ttwo", "-n", "0", "--no-escape")
+    assert raw.stdout.startswith(r"one\ttwo")
+
+
+def test_special_tokens_show_only_with_special():
+    plain = generate("--chat", "-p", "hi", "-n", "1")
+    special = generate("--chat", "-p", "hi", "-n", "1", "--special")
+    assert plain.returncode == special.returncode == 0
+    assert "<|im_start|>" not in plain.stdout and plain.stdout.startswith("user\nhi")  # as llama-completion shows it
+    assert special.stdout.startswith("<|im_start|>user\nhi<|im_end|>")
+
+
+def test_verbose_after_the_subcommand_and_the_sampler_flags():
+    r = generate("-p", "hi", "-n", "1", "-v", "--samplers", "top_k;dry;temperature", "--ignore-eos",
+                 "--presence-penalty", "0.5", "--frequency-penalty", "0.25")
+    assert r.returncode == 0, r.stderr
+    assert "sampler chain: logits -> logit-bias -> top-k -> temp-ext -> dist" in r.stderr
+    r = generate("-p", "hi", "-n", "1", "-v", "--presence-penalty", "0.5")
+    assert "logits -> penalties -> top-k" in r.stderr
+
+
+@pytest.mark.parametrize("flags, note", [
+    (["-ngl", "99"], "-ngl has no effect here"), (["-dev", "CUDA0"], "-dev has no effect here"),
+    (["-sm", "row"], "-sm has no effect here"), (["-mg", "1"], "-mg has no effect here"),
+    (["--no-mmap"], "--no-mmap has no effect here"), (["-fa", "off"], "attention takes the dense path"),
+])
+def test_gpu_build_flags_are_accepted_and_reported(flags, note):
+    r = generate("-p", "hi", "-n", "1", "-v", *flags)
+    assert r.returncode == 0 and note in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["-fa", "maybe"], "-fa takes on, off or auto, not 'maybe'"),
+    (["-fa", "off", "--attn", "sparse"], "contradicts --attn sparse"),
+    (["--samplers", "top_k;mirostat9"], "unknown sampler 'mirostat9'"),
+    (["-t", "-1"], "-t and -tb take a thread count"),
+])
+def test_bad_llama_flags_are_one_sentence(args, fragment):
+    assert_one_line_error(generate("-p", "hi", *args), fragment)
+
+
+def test_threads_follow_t_for_one_token_and_tb_for_batches():
+    from llmsuite.core import threads
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("one core: nothing to choose")
+    ctx = Context(tiny_model(TINY_GEMMA3), ContextParams(n_ctx=64, n_threads=1, n_threads_batch=2))
+    assert ctx.decode(Batch.from_tokens([1, 2, 3])) == 0
+    assert numba.get_num_threads() == 2
+    assert ctx.decode(Batch.from_tokens([4], pos0=3)) == 0
+    assert numba.get_num_threads() == 1
+    assert threads.describe() == ""  # NumPy's OpenBLAS takes the count too
+    threads.use_threads(numba.config.NUMBA_NUM_THREADS)
+
+
+def test_bench_sweeps_threads():
+    r = llm("bench", "-m", TINY, "pp16", "-t", "1,2", "-r", "1", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    assert [row["n_threads"] for row in json.loads(r.stdout)] == [1, 2]
+
+
+def test_perplexity_takes_threads_and_gpu_flags():
+    r = llm("perplexity", "-m", TINY, "-f", str(TINY_GEMMA3.parent.parent / "hamlet.md"), "-c", "64", "--chunks", "1",
+            "-t", "1", "-tb", "2", "-ngl", "99", "-fa", "on", "-v")
+    assert r.returncode == 0 and "Final estimate" in r.stdout + r.stderr and "-ngl has no effect" in r.stderr
