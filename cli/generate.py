@@ -48,11 +48,14 @@ def generate(
     sparse_block: opt.SparseBlock = opt.SPARSE.block,
     sparse_local: opt.SparseLocal = opt.SPARSE.local,
     sparse_layers: opt.SparseLayers = opt.SPARSE.layers,
-    seed: Annotated[int, typer.Option("-s", "--seed", help="sampling seed (default: random)")] = DEFAULT_SEED,
-    temp: Annotated[float, typer.Option("--temp", help="temperature (0: greedy)")] = 0.8,
-    top_k: Annotated[int, typer.Option("--top-k")] = 40,
-    top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
-    min_p: Annotated[float, typer.Option("--min-p")] = 0.05,
+    seed: Annotated[int, typer.Option("-s", "--seed", help="sampling seed (random unless given)",
+                                      show_default=False)] = DEFAULT_SEED,
+    temp: Annotated[float, typer.Option("--temp", help="temperature: divide the logits by this (0: greedy)")] = 0.8,
+    top_k: Annotated[int, typer.Option("--top-k", help="keep the k most likely tokens (0: all)")] = 40,
+    top_p: Annotated[float, typer.Option("--top-p", help="keep the most likely tokens whose probabilities add up "
+                                         "to p (1.0: all)")] = 0.95,
+    min_p: Annotated[float, typer.Option("--min-p", help="drop tokens less likely than min-p times the most likely "
+                                         "one (0.0: off)")] = 0.05,
     repeat_penalty: Annotated[float, typer.Option("--repeat-penalty", help="divide the logits of recent tokens "
                               "by this (1.0: off)")] = 1.0,
     repeat_last_n: Annotated[int, typer.Option("--repeat-last-n", help="recent tokens the penalties look at "
@@ -66,8 +69,9 @@ def generate(
                         "are accepted and idle)")] = ";".join(CHAIN),
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="never sample end-of-generation tokens")] = False,
     special: Annotated[bool, typer.Option("--special", help="print special tokens as text")] = False,
-    escape: Annotated[bool, typer.Option("-e/--no-escape", "--escape", help="turn \\n, \\t, \\\\, \\\" in the "
-                      "prompt, -r, --in-prefix and --in-suffix into what they stand for")] = True,
+    escape: Annotated[bool, typer.Option("-e/--no-escape", "--escape", show_default=False, help="turn \\n, \\t, "
+                      "\\\\, \\\" in the prompt, -r, --in-prefix and --in-suffix into what they stand for "
+                      "(on unless --no-escape)")] = True,
     threads: opt.Threads = 0,
     threads_batch: opt.ThreadsBatch = 0,
     gpu_layers: opt.GpuLayers = None,
@@ -80,7 +84,8 @@ def generate(
     chat: Annotated[bool, typer.Option("--chat", help="format the prompt with the model's chat template")] = False,
     system: Annotated[Optional[str], typer.Option("--system", "-sys", help="system message for --chat")] = None,
     prompt_cache: Annotated[Optional[Path], typer.Option("--prompt-cache", help="state file to reuse the prompt from")] = None,
-    display_prompt: Annotated[bool, typer.Option("--display-prompt/--no-display-prompt")] = True,
+    display_prompt: Annotated[bool, typer.Option("--display-prompt/--no-display-prompt", help="echo the prompt "
+                              "before the completion")] = True,
     conversation: Annotated[bool, typer.Option("-cnv", "--conversation", help="chat turn by turn over the chat "
                                                "template (llama-cli); -p is then the system message")] = False,
     interactive: Annotated[bool, typer.Option("-i", "--interactive", help="continue the prompt, then take "
@@ -146,10 +151,15 @@ def generate(
     log(f"sampler seed: {', '.join(str(s.seed) for s in samplers)}\n"
         f"sampler chain: {samplers[0].describe()}\n"
         f"memory: {ctx.memory.kind} ({ctx.kind}), {ctx.memory.nbytes / 2**20:.1f} MiB")
-    if parallel == 1:
-        results = _stream_one(ctx, samplers, tokens, n_predict, shown, prompt_cache, special)
-    else:
-        results = run_generation(ctx, samplers, tokens, n_predict, prompt_cache=prompt_cache)
+    try:
+        results = _complete(ctx, samplers, tokens, n_predict, shown, prompt_cache, special)
+    except KeyboardInterrupt:  # end the line, then the timings, as llama-completion does
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        err_console.print("interrupted", markup=False)
+        print_perf(ctx, t_load, 0.0, ctx.perf.n_eval)
+        raise typer.Exit(130) from None
+    if parallel > 1:
         for i, result in enumerate(results):
             sys.stdout.write(f"--- completion {i + 1}/{parallel} (seed {samplers[i].seed}) ---\n")
             sys.stdout.write(shown + lm.vocab.detokenize(result.tokens, special=special) + _ending(result))
@@ -158,6 +168,12 @@ def generate(
         err_console.print("context full and context shift is disabled => stopping")
     print_perf(ctx, t_load, sum(r.t_sample for r in results), sum(len(r.tokens) for r in results))
     print_attn_stats(ctx)
+
+
+def _complete(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache, special):
+    if len(samplers) > 1:
+        return run_generation(ctx, samplers, tokens, n_predict, prompt_cache=prompt_cache, report=log)
+    return _stream_one(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache, special)
 
 
 def _stream_one(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache, special=False):
@@ -169,7 +185,7 @@ def _stream_one(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache, sp
         sys.stdout.write(streamer.push(token))
         sys.stdout.flush()
 
-    results = run_generation(ctx, samplers, tokens, n_predict, on_token=emit, prompt_cache=prompt_cache)
+    results = run_generation(ctx, samplers, tokens, n_predict, on_token=emit, prompt_cache=prompt_cache, report=log)
     sys.stdout.write(streamer.flush() + _ending(results[0]))
     return results
 

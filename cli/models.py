@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
 from llmsuite.core import hub
-from llmsuite.core.errors import printable
+from llmsuite.core.errors import InvalidInputError, printable
 from llmsuite.core.gguf import GGUFFile
 from llmsuite.core.models import ARCHITECTURES
 
@@ -42,11 +42,21 @@ def models() -> None:
 
 
 def info(
-    model: Annotated[str, typer.Argument(help="GGUF path or known model name")],
+    model: Annotated[Optional[str], typer.Argument(help="GGUF path or known model name (default: smollm2-135m)")] = None,
+    model_option: Annotated[Optional[str], typer.Option("-m", "--model", help="the same, as the other commands take it")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
+    template: Annotated[bool, typer.Option("--template", help="print the chat template only")] = False,
 ) -> None:
     """Describe a GGUF: architecture, hyper-parameters, tensor types, tokenizer, chat template."""
-    gguf = GGUFFile(resolve(model))
+    if model and model_option:
+        raise InvalidInputError("give the model once: as an argument or with -m")
+    gguf = GGUFFile(resolve(model or model_option))
+    if template:
+        text = gguf.get("tokenizer.chat_template")
+        if text is None:
+            raise InvalidInputError(f"{gguf.path.name} has no chat template (generate falls back to chatml)")
+        typer.echo(text)
+        return
     arch = gguf.architecture
     hparams = {k[len(arch) + 1:]: _plain(v) for k, v in gguf.metadata.items() if k.startswith(arch + ".")}
     types = Counter(t.type.name for t in gguf.tensors.values())

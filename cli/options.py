@@ -21,7 +21,7 @@ Parallel = Annotated[int, typer.Option("-np", "--parallel", help="sequences the 
 Kv = Annotated[str, typer.Option("--kv", help=f"memory class: {'|'.join(KV_KINDS)}")]
 Ctx = Annotated[str, typer.Option("--ctx", help=f"context kind: {'|'.join(CTX_KINDS)}")]
 SwaFull = Annotated[bool, typer.Option("--swa-full", help="full-size window cache (allows position shifts)")]
-_CACHE_HELP = f"{'|'.join(CACHE_TYPES)} (default: f16, as llama.cpp)"
+_CACHE_HELP = f"{'|'.join(CACHE_TYPES)} (f16 unless given, as llama.cpp)"
 CacheTypeK = Annotated[Optional[str], typer.Option("-ctk", "--cache-type-k", help=f"K cache type: {_CACHE_HELP}")]
 CacheTypeV = Annotated[Optional[str], typer.Option("-ctv", "--cache-type-v", help=f"V cache type: {_CACHE_HELP}")]
 Backend = Annotated[str, typer.Option("--backend", help="compute backend: cpu (cuda with CuPy)")]

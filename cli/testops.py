@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from llmsuite.core.backend import available_backends, cuda_unavailable_reason, get_backend
+from llmsuite.core.backend import available_backends, get_backend
 from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.testops import MODES, CaseResult, format_perf, run_perf, run_test, select_cases, supports
 
@@ -34,9 +34,6 @@ def test_ops(
         raise InvalidInputError(f"unknown mode '{mode}' (choose from {', '.join(MODES)})")
     if output not in ("console", "csv", "json"):
         raise InvalidInputError(f"unknown output '{output}' (console, csv or json)")
-    if backend == "cuda" and cuda_unavailable_reason():
-        print(f"Backend cuda: skipped: no CUDA device (backend unavailable: {cuda_unavailable_reason()})")
-        return
     backends = [get_backend(backend)] if backend else [get_backend(name) for name in available_backends()]
     cases = select_cases(op, params, quick=quick, perf=mode == "perf")
     console = output == "console"

@@ -77,15 +77,16 @@ class ContextParams(MemoryParams):
 
 @dataclass
 class PerfCounters:
-    """llama.cpp's accounting: a decode of one token is an eval run, of more a prompt eval."""
+    """llama.cpp's accounting: a generation step (one token, or one per sequence with -np) is an
+    eval run; any other batch is prompt eval, counted in tokens."""
     t_start: float = field(default_factory=time.perf_counter)
     t_p_eval: float = 0.0
     n_p_eval: int = 0
     t_eval: float = 0.0
     n_eval: int = 0
 
-    def add(self, n_tokens: int, seconds: float) -> None:
-        if n_tokens == 1:
+    def add(self, n_tokens: int, seconds: float, step: bool = False) -> None:
+        if n_tokens == 1 or step:
             self.t_eval += seconds
             self.n_eval += 1
         else:
@@ -189,7 +190,8 @@ class Context:
             if not mctx.next():
                 break
         self._set_outputs(logits, out_pos)
-        self.perf.add(len(batch), time.perf_counter() - t0)
+        one_per_sequence = len(np.unique(self.balloc.seq_id)) == len(batch)
+        self.perf.add(len(batch), time.perf_counter() - t0, step=one_per_sequence)
         return DecodeStatus.OK
 
     def encode(self, batch: Batch) -> DecodeStatus:

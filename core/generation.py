@@ -49,7 +49,13 @@ def check_prompt(ctx: Context, tokens: list[int]) -> None:
 
 
 def decode_or_raise(ctx: Context, batch: Batch) -> None:
-    status = ctx.decode(batch)
+    check_status(ctx, ctx.decode(batch))
+
+
+def check_status(ctx: Context, status: DecodeStatus) -> None:
+    """A failed decode as an exception: Ctrl-C (the decode rolled back) stays an interruption."""
+    if status == DecodeStatus.ABORTED:
+        raise KeyboardInterrupt
     if status != DecodeStatus.OK:
         raise LLMError(f"decode failed ({status.name.lower().replace('_', ' ')}): {ctx.last_error}")
 
@@ -76,11 +82,13 @@ def encode_prompt(ctx: Context, prompt: list[int], n_seqs: int) -> list[int]:
     return [ctx.model.decoder_start_id]
 
 
-def reuse_prompt_cache(ctx: Context, path: Path, prompt: list[int]) -> tuple[int, bool]:
+def reuse_prompt_cache(ctx: Context, path: Path, prompt: list[int], report=None) -> tuple[int, bool]:
     """Load a saved prompt state and keep the part that matches `prompt` (llama-completion's
     --prompt-cache). Returns how many prompt tokens need no decoding (the last one is always
     decoded again, for its logits) and whether the file held the whole prompt."""
+    report = report or (lambda message: None)
     if not path.exists():
+        report(f"prompt cache: {path} does not exist yet: the prompt state will be saved to it")
         return 0, False
     saved = ctx.load_state(path)
     n_match = 0
@@ -89,17 +97,19 @@ def reuse_prompt_cache(ctx: Context, path: Path, prompt: list[int]) -> tuple[int
     keep = min(n_match, len(prompt) - 1)
     if not ctx.memory.seq_rm(0, keep, -1):  # a recurrent state cannot drop its tail: start over
         ctx.memory.clear()
-        return 0, n_match == len(prompt)
+        keep = 0
+    report(f"prompt cache: loaded {len(saved)} tokens from {path}; {n_match} of the prompt's {len(prompt)} match, "
+           f"{keep} reused")
     return keep, n_match == len(prompt)
 
 
 def generate(ctx: Context, samplers: list[Sampler] | Sampler, prompt: list[int], n_predict: int = -1,
              on_token: Callable[[int, int], None] | None = None, prompt_cache: Path | None = None,
-             ) -> list[GenerationResult]:
+             report: Callable[[str], None] | None = None) -> list[GenerationResult]:
     """Complete `prompt` once per sampler, all sequences in one batch per step.
 
     n_predict -1 means until end-of-generation or a full context; `on_token(seq, token)` sees
-    every token as it is accepted.
+    every token as it is accepted; `report` gets what --prompt-cache did.
     """
     samplers = [samplers] if isinstance(samplers, Sampler) else samplers
     if len(samplers) > ctx.params.n_seq_max:
@@ -109,10 +119,12 @@ def generate(ctx: Context, samplers: list[Sampler] | Sampler, prompt: list[int],
         if prompt_cache:
             raise InvalidInputError(f"--prompt-cache keeps a decoder prompt; {ctx.model.arch} encodes every prompt anew")
         prompt = encode_prompt(ctx, prompt, len(samplers))
-    n_cached, complete = reuse_prompt_cache(ctx, prompt_cache, prompt) if prompt_cache else (0, True)
+    n_cached, complete = reuse_prompt_cache(ctx, prompt_cache, prompt, report) if prompt_cache else (0, True)
     prefill(ctx, prompt[n_cached:])
     if not complete:
         ctx.save_state(prompt_cache, prompt)
+        if report:
+            report(f"prompt cache: saved the state of the {len(prompt)} prompt tokens to {prompt_cache}")
     for seq in range(1, len(samplers)):
         ctx.memory.seq_cp(0, seq, -1, -1)
     for sampler in samplers:
@@ -156,8 +168,7 @@ def _decode_loop(ctx, samplers, n_past, n_predict, on_token) -> list[GenerationR
             for seq in active:
                 results[seq].stop = "context"
             break
-        if status != DecodeStatus.OK:
-            raise LLMError(f"decode failed ({status.name.lower().replace('_', ' ')}): {ctx.last_error}")
+        check_status(ctx, status)
         logits = {seq: ctx.get_logits(i) for i, seq in enumerate(active)}
         n_past += 1
     return results

@@ -4,6 +4,7 @@ as having no effect here)."""
 import json
 
 import numba
+import numpy as np
 import pytest
 
 from conftest import TINY_GEMMA3, tiny_model
@@ -86,3 +87,45 @@ def test_perplexity_takes_threads_and_gpu_flags():
     r = llm("perplexity", "-m", TINY, "-f", str(TINY_GEMMA3.parent.parent / "hamlet.md"), "-c", "64", "--chunks", "1",
             "-t", "1", "-tb", "2", "-ngl", "99", "-fa", "on", "-v")
     assert r.returncode == 0 and "Final estimate" in r.stdout + r.stderr and "-ngl has no effect" in r.stderr
+
+
+def test_an_interrupted_generate_ends_its_line_and_prints_the_timings():
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "llmsuite.cli.main", "generate", "-m", TINY, "-p", "Once upon",
+                             "-n", "100000", "--ignore-eos"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stdout.read(20)  # it is generating
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert out.endswith(b"\n") and b"interrupted" in err and b"eval time" in err and b"Traceback" not in err
+
+
+def test_a_step_of_one_token_per_sequence_is_an_eval_run():
+    ctx = Context(tiny_model(TINY_GEMMA3), ContextParams(n_ctx=64, n_seq_max=2))
+    assert ctx.decode(Batch.from_tokens([1, 2, 3])) == 0
+    ctx.memory.seq_cp(0, 1, -1, -1)
+    assert ctx.decode(Batch(np.array([4, 5], np.int32), np.array([3, 3], np.int32), np.array([0, 1], np.int32))) == 0
+    assert (ctx.perf.n_p_eval, ctx.perf.n_eval) == (3, 1)
+
+
+def test_prompt_cache_says_what_it_did(tmp_path):
+    cache = tmp_path / "prompt.bin"
+    args = ("-p", "The capital of France is", "-n", "2", "--prompt-cache", str(cache), "-v")
+    first, second = generate(*args), generate(*args)
+    assert "does not exist yet" in first.stderr and "saved the state of the" in first.stderr
+    assert "loaded 5 tokens" in second.stderr and "5 of the prompt's 5 match, 4 reused" in second.stderr
+    assert "saved the state" not in second.stderr
+
+
+def test_info_takes_the_default_model_and_prints_the_template():
+    r = llm("info", "--template")
+    assert r.returncode == 0 and r.stdout.startswith("{% for message in messages %}")
+    assert llm("info").stdout.startswith("file ") and "SmolLM2-135M" in llm("info").stdout
+    assert_one_line_error(llm("info", "-m", TINY, "--template"), "has no chat template")

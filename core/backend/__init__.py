@@ -23,8 +23,8 @@ def cuda_unavailable_reason() -> str | None:
     try:
         if cupy.cuda.runtime.getDeviceCount() < 1:
             return "no CUDA device is visible"
-    except Exception as e:
-        return f"no usable CUDA driver or device ({type(e).__name__}: {e})"
+    except Exception as e:  # a machine without a GPU often has no driver, or an old one
+        return f"no CUDA device (the CUDA runtime says: {type(e).__name__}: {e})"
     return None
 
 
