@@ -16,6 +16,11 @@ from llmsuite.core.conversation import Conversation, Turn
 from llmsuite.core.errors import InvalidInputError
 
 EXIT_COMMANDS = ("/exit", "/quit")
+PROMPT_COLOR, INPUT_COLOR, RESET = "\x1b[33m", "\x1b[32m", "\x1b[0m"  # llama.cpp's --color: yellow, green
+
+
+def colored(text: str, code: str, on: bool) -> str:
+    return f"{code}{text}{RESET}" if on and text else text
 
 
 class Interrupts:
@@ -43,14 +48,16 @@ class Interrupts:
             signal.signal(signal.SIGINT, previous)
 
 
-def read_turn(interactive_terminal: bool) -> str | None:
+def read_turn(interactive_terminal: bool, color: bool = False) -> str | None:
     """One turn of input; None at the end of input, /exit or Ctrl-C. A line ending in a backslash
     continues on the next line (llama-cli's multi-line input)."""
     lines = []
     while True:
         try:
             if interactive_terminal:
-                line = input("> " if not lines else "")
+                line = input(("> " if not lines else "") + (INPUT_COLOR if color else ""))
+                if color:
+                    sys.stdout.write(RESET)
             else:
                 line = sys.stdin.readline()
                 if not line:
@@ -69,7 +76,7 @@ def read_turn(interactive_terminal: bool) -> str | None:
 
 
 def converse(conv: Conversation, n_predict: int, reverse_prompts: tuple[str, ...], in_prefix: str, in_suffix: str,
-             answer_first: bool = False) -> list[Turn]:
+             answer_first: bool = False, color: bool = False) -> list[Turn]:
     """The loop; returns the answers. `answer_first`: interactive mode continues the prompt before
     it asks for input."""
     terminal = sys.stdin.isatty()
@@ -92,7 +99,7 @@ def converse(conv: Conversation, n_predict: int, reverse_prompts: tuple[str, ...
     if answer_first:
         answer()
     while True:
-        text = read_turn(terminal)
+        text = read_turn(terminal, color)
         if text is None:
             if not turns and not terminal:
                 raise InvalidInputError("no input: -cnv and -i read each turn from a terminal or from stdin, "

@@ -18,12 +18,12 @@ from llmsuite.core.context import Context
 from llmsuite.core.graph import AttnStats
 from llmsuite.core.memory.masks import SparseParams
 from llmsuite.core.errors import InvalidInputError
-from llmsuite.core.generation import check_prompt, generate as run_generation
+from llmsuite.core.generation import check_context_shift, check_prompt, generate as run_generation
 from llmsuite.core.sampling import CHAIN, DEFAULT_SEED, Sampler, SamplerParams, parse_samplers
 
 from . import options as opt
 from .common import err_console, log, open_model, read_text_file, settings
-from .conversation import converse
+from .conversation import PROMPT_COLOR, colored, converse
 
 
 def generate(
@@ -98,6 +98,12 @@ def generate(
                              "or a Jinja FILE instead of the GGUF's (which falls back to chatml)")] = None,
     verbose_prompt: Annotated[bool, typer.Option("--verbose-prompt", help="print the prompt and its tokens "
                               "on stderr before generating")] = False,
+    context_shift: Annotated[bool, typer.Option("--context-shift", help="when the context is full, drop half of "
+                             "what follows --keep and go on (as llama.cpp's --context-shift)")] = False,
+    keep: Annotated[int, typer.Option("--keep", help="with --context-shift: prompt tokens never dropped "
+                    "(-1: all; BOS is always kept)")] = 0,
+    color: Annotated[bool, typer.Option("--color", help="colour the prompt (yellow) and, in -cnv/-i, your input "
+                     "(green) apart from the generated text")] = False,
 ) -> None:
     """Generate text from a prompt (llama-completion); -cnv chats turn by turn (llama-cli)."""
     opt.verbose_flag(verbose)
@@ -134,9 +140,9 @@ def generate(
         conv = (Conversation(ctx, sampler, template, system=system if system is not None else text) if conversation
                 else Conversation(ctx, sampler, None, prompt=text))
         if interactive and display_prompt:
-            sys.stdout.write(text)
+            sys.stdout.write(colored(text, PROMPT_COLOR, color))
         turns = converse(conv, n_predict, tuple(reverse_prompt or ()), in_prefix, in_suffix + ("" if conversation else "\n"),
-                         answer_first=interactive and bool(text))
+                         answer_first=interactive and bool(text), color=color)
         print_perf(ctx, t_load, conv.t_sample, sum(len(t.tokens) for t in turns))
         return
     if chat:
@@ -145,6 +151,8 @@ def generate(
     if verbose_prompt:
         print_prompt(lm.vocab, text, tokens)
     check_prompt(ctx, tokens)
+    if context_shift:
+        check_context_shift(ctx, parallel)
     samplers = [Sampler(replace(sampler_params, seed=seed if seed == DEFAULT_SEED else seed + i), ctx.backend)
                  for i in range(parallel)]
     shown = lm.vocab.detokenize(tokens, special=special) if display_prompt else ""  # as llama-completion echoes it
@@ -152,7 +160,8 @@ def generate(
         f"sampler chain: {samplers[0].describe()}\n"
         f"memory: {ctx.memory.kind} ({ctx.kind}), {ctx.memory.nbytes / 2**20:.1f} MiB")
     try:
-        results = _complete(ctx, samplers, tokens, n_predict, shown, prompt_cache, special)
+        results = _complete(ctx, samplers, tokens, n_predict, colored(shown, PROMPT_COLOR, color), prompt_cache,
+                            special, keep if context_shift else None)
     except KeyboardInterrupt:  # end the line, then the timings, as llama-completion does
         sys.stdout.write("\n")
         sys.stdout.flush()
@@ -170,13 +179,13 @@ def generate(
     print_attn_stats(ctx)
 
 
-def _complete(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache, special):
+def _complete(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache, special, n_keep):
     if len(samplers) > 1:
-        return run_generation(ctx, samplers, tokens, n_predict, prompt_cache=prompt_cache, report=log)
-    return _stream_one(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache, special)
+        return run_generation(ctx, samplers, tokens, n_predict, prompt_cache=prompt_cache, report=log, n_keep=n_keep)
+    return _stream_one(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache, special, n_keep)
 
 
-def _stream_one(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache, special=False):
+def _stream_one(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache, special, n_keep):
     sys.stdout.write(shown_prompt)
     sys.stdout.flush()
     streamer = ctx.model.vocab.streamer(special)
@@ -185,7 +194,8 @@ def _stream_one(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache, sp
         sys.stdout.write(streamer.push(token))
         sys.stdout.flush()
 
-    results = run_generation(ctx, samplers, tokens, n_predict, on_token=emit, prompt_cache=prompt_cache, report=log)
+    results = run_generation(ctx, samplers, tokens, n_predict, on_token=emit, prompt_cache=prompt_cache, report=log,
+                             n_keep=n_keep)
     sys.stdout.write(streamer.flush() + _ending(results[0]))
     return results
 

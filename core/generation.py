@@ -48,6 +48,14 @@ def check_prompt(ctx: Context, tokens: list[int]) -> None:
                                 f"allows {max(limit, 0)} per sequence)")
 
 
+def check_context_shift(ctx: Context, n_seqs: int) -> None:
+    if n_seqs > 1:
+        raise InvalidInputError("--context-shift moves one sequence's cached keys: drop -np")
+    if not ctx.memory.can_shift:
+        raise InvalidInputError(f"--context-shift moves cached keys; --kv {ctx.memory.kind} cannot (a window cache "
+                                "can with --swa-full)")
+
+
 def decode_or_raise(ctx: Context, batch: Batch) -> None:
     check_status(ctx, ctx.decode(batch))
 
@@ -105,13 +113,16 @@ def reuse_prompt_cache(ctx: Context, path: Path, prompt: list[int], report=None)
 
 def generate(ctx: Context, samplers: list[Sampler] | Sampler, prompt: list[int], n_predict: int = -1,
              on_token: Callable[[int, int], None] | None = None, prompt_cache: Path | None = None,
-             report: Callable[[str], None] | None = None) -> list[GenerationResult]:
+             report: Callable[[str], None] | None = None, n_keep: int | None = None) -> list[GenerationResult]:
     """Complete `prompt` once per sampler, all sequences in one batch per step.
 
     n_predict -1 means until end-of-generation or a full context; `on_token(seq, token)` sees
-    every token as it is accepted; `report` gets what --prompt-cache did.
+    every token as it is accepted; `report` gets what --prompt-cache did. `n_keep` (not None)
+    shifts a full context, keeping that many prompt tokens (--context-shift --keep).
     """
     samplers = [samplers] if isinstance(samplers, Sampler) else samplers
+    if n_keep is not None:
+        check_context_shift(ctx, len(samplers))
     if len(samplers) > ctx.params.n_seq_max:
         raise InvalidInputError(f"{len(samplers)} completions need -np {len(samplers)}")
     check_prompt(ctx, prompt)
@@ -130,10 +141,25 @@ def generate(ctx: Context, samplers: list[Sampler] | Sampler, prompt: list[int],
     for sampler in samplers:
         for tok in prompt:
             sampler.accept(tok)
-    return _decode_loop(ctx, samplers, len(prompt), n_predict, on_token)
+    if n_keep is not None:
+        n_keep = len(prompt) if n_keep < 0 else min(n_keep + (1 if ctx.model.vocab.add_bos else 0), len(prompt))
+    return _decode_loop(ctx, samplers, len(prompt), n_predict, on_token, n_keep)
 
 
-def _decode_loop(ctx, samplers, n_past, n_predict, on_token) -> list[GenerationResult]:
+def shift_context(ctx: Context, n_past: int, n_keep: int) -> int:
+    """llama.cpp's context shift: keep the first n_keep tokens, drop half of the rest and move the
+    other half down (the memory re-rotates their keys). Returns the new n_past."""
+    n_discard = (n_past - n_keep) // 2
+    if n_discard <= 0 or not ctx.memory.seq_rm(0, n_keep, n_keep + n_discard):
+        raise InvalidInputError(ctx.memory.refusal or f"--context-shift cannot free cells: --keep {n_keep} holds "
+                                f"the context -c {ctx.n_ctx}")
+    ctx.memory.seq_add(0, n_keep + n_discard, n_past, -n_discard)
+    return n_past - n_discard
+
+
+def _decode_loop(ctx, samplers, n_past, n_predict, on_token, n_keep=None) -> list[GenerationResult]:
+    """One token per active sequence per step. With `n_keep` (--context-shift, one sequence) a
+    full context is shifted instead of ending the generation."""
     vocab = ctx.model.vocab
     results = [GenerationResult() for _ in samplers]
     logits = {seq: ctx.get_logits() for seq in range(len(samplers))}  # all share the prompt's last logits
@@ -154,6 +180,8 @@ def _decode_loop(ctx, samplers, n_past, n_predict, on_token) -> list[GenerationR
                 on_token(seq, tok)
             if len(results[seq].tokens) == n_predict:
                 continue
+            if n_past >= capacity and n_keep is not None:
+                n_past = shift_context(ctx, n_past, n_keep)
             if n_past >= capacity:
                 results[seq].stop = "context"
                 continue

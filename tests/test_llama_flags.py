@@ -129,3 +129,26 @@ def test_info_takes_the_default_model_and_prints_the_template():
     assert r.returncode == 0 and r.stdout.startswith("{% for message in messages %}")
     assert llm("info").stdout.startswith("file ") and "SmolLM2-135M" in llm("info").stdout
     assert_one_line_error(llm("info", "-m", TINY, "--template"), "has no chat template")
+
+
+def test_context_shift_goes_on_past_a_full_context_keeping_the_prompt_head():
+    args = ("-p", "Once upon a time", "-c", "32", "-n", "60", "--ignore-eos", "--swa-full")
+    stopped, shifted = generate(*args), generate(*args, "--context-shift", "--keep", "2")
+    assert "context full and context shift is disabled" in stopped.stderr
+    assert "/    28 runs" in stopped.stderr and "/    59 runs" in shifted.stderr, shifted.stderr
+    assert "context full" not in shifted.stderr and shifted.stdout.startswith(stopped.stdout.rstrip("\n"))
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--context-shift"], "--kv iswa cannot"),  # the window cache reuses cells
+    (["--context-shift", "--swa-full", "-np", "2"], "drop -np"),
+])
+def test_context_shift_refusals_print_nothing_on_stdout(args, fragment):
+    r = generate("-p", "Once upon a time", *args)
+    assert_one_line_error(r, fragment)
+    assert r.stdout == ""
+
+
+def test_color_marks_the_prompt():
+    r = generate("-p", "Hi", "-n", "1", "--color")
+    assert r.stdout.startswith("\x1b[33mHi\x1b[0m")
