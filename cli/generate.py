@@ -18,7 +18,7 @@ from llmsuite.core.context import Context
 from llmsuite.core.graph import AttnStats
 from llmsuite.core.memory.masks import SparseParams
 from llmsuite.core.errors import InvalidInputError
-from llmsuite.core.generation import check_context_shift, check_prompt, generate as run_generation
+from llmsuite.core.generation import PROMPT_MARGIN, check_context_shift, check_prompt, generate as run_generation
 from llmsuite.core.sampling import CHAIN, DEFAULT_SEED, Sampler, SamplerParams, parse_samplers
 
 from . import options as opt
@@ -113,6 +113,9 @@ def generate(
         reverse_prompt = [opt.process_escapes(r) for r in reverse_prompt or ()]
     attn = opt.llama_cpp_flags(attn, gpu_layers, flash_attn, device, split_mode, main_gpu, no_mmap)
     chain = parse_samplers(samplers)
+    if 0 < ctx_size <= PROMPT_MARGIN:  # known before the model loads
+        raise InvalidInputError(f"-c {ctx_size} leaves no room for a prompt (generation keeps {PROMPT_MARGIN} cells "
+                                "free beyond it, as llama-completion)")
     _check_sampling(temp, repeat_penalty, n_predict)
     talk = conversation or interactive
     _check_conversation_flags(conversation, interactive, chat, parallel, reverse_prompt, in_prefix, in_suffix)

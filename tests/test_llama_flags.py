@@ -152,3 +152,22 @@ def test_context_shift_refusals_print_nothing_on_stdout(args, fragment):
 def test_color_marks_the_prompt():
     r = generate("-p", "Hi", "-n", "1", "--color")
     assert r.stdout.startswith("\x1b[33mHi\x1b[0m")
+
+
+def test_interactive_continues_the_prompt_then_each_input():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "llmsuite.cli.main", "generate", "-m", TINY, "-i", "-p", "Once upon a time",
+                        "-n", "4", "--temp", "0", "--in-prefix", " ", "--color"], input="and then\n",
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    first, second = r.stdout.split("\n")[:2]
+    assert first.startswith("\x1b[33mOnce upon a time\x1b[0m") and len(first) > len("\x1b[33mOnce upon a time\x1b[0m")
+    assert second.strip()  # the answer to the input
+    assert "eval time =" in r.stderr and "/     8 runs" in r.stderr  # 4 + 4 sampled tokens, each decoded
+
+
+def test_a_context_too_small_for_any_prompt_is_refused_before_loading():
+    r = llm("generate", "-m", "no-such-model", "-c", "3", "-p", "hi")
+    assert_one_line_error(r, "-c 3 leaves no room for a prompt")
