@@ -140,10 +140,11 @@ def generate(
                                    chain=chain, logit_bias=eog)
     if talk:
         sampler = Sampler(sampler_params, ctx.backend)
-        conv = (Conversation(ctx, sampler, template, system=system if system is not None else text) if conversation
-                else Conversation(ctx, sampler, None, prompt=text))
-        if interactive and display_prompt:
-            sys.stdout.write(colored(text, PROMPT_COLOR, color))
+        if conversation:  # -p is the system message, as in llama-cli
+            conv = Conversation(ctx, sampler, template, system=system if system is not None else text)
+        else:
+            conv = Conversation(ctx, sampler, None, prompt=text)
+            sys.stdout.write(colored(text, PROMPT_COLOR, color) if display_prompt else "")
         turns = converse(conv, n_predict, tuple(reverse_prompt or ()), in_prefix, in_suffix + ("" if conversation else "\n"),
                          answer_first=interactive and bool(text), color=color)
         print_perf(ctx, t_load, conv.t_sample, sum(len(t.tokens) for t in turns))
