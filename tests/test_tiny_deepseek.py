@@ -237,3 +237,17 @@ def test_a_combined_kv_b_tensor_gives_the_same_model(tmp_path, attn_impl):
     for ctx in (split, combined):
         assert ctx.decode(Batch.from_tokens(ids, all_outputs=True)) == 0
     np.testing.assert_allclose(combined.logits, split.logits, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["deepseek2", "deepseek32"])
+def test_the_cache_less_oracle_agrees(name):
+    """--kv none recomputes every prefix (the indexer then scores the batch's own keys): the same
+    logits as the latent caches, two batches in."""
+    ids = tiny_reference(name)["ids"][:40]
+    model = tiny_model(tiny_path(name))
+    cached = Context(model, ContextParams(n_ctx=64, type_k="f32", type_v="f32"))
+    oracle = Context(model, ContextParams(n_ctx=64, kv="none"))
+    for ctx in (cached, oracle):
+        assert ctx.decode(Batch.from_tokens(ids[:30])) == 0
+        assert ctx.decode(Batch.from_tokens(ids[30:], pos0=30)) == 0
+    np.testing.assert_allclose(oracle.logits, cached.logits, atol=1e-4, rtol=0)
