@@ -6,6 +6,7 @@ import io
 import os
 import pty
 import select
+import signal
 import sys
 import time
 
@@ -89,7 +90,8 @@ class Terminal:
 
     def __init__(self, *args):
         self.pid, self.fd = pty.fork()
-        if self.pid == 0:  # the child
+        if self.pid == 0:  # the child; a test run in the background inherits SIGINT ignored
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.execv(sys.executable, [sys.executable, "-m", "llmsuite.cli.main", *args])
         self.seen = b""
 

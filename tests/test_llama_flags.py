@@ -98,7 +98,8 @@ def test_an_interrupted_generate_ends_its_line_and_prints_the_timings():
 
     proc = subprocess.Popen([sys.executable, "-m", "llmsuite.cli.main", "generate", "-m", TINY, "-p", "Once upon",
                              "-n", "100000", "--ignore-eos"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a shell
     assert proc.stdout.read(20)  # it is generating
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
