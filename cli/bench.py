@@ -20,6 +20,7 @@ from llmsuite.core.backend import get_backend
 from llmsuite.core.context import ATTN_PATHS
 from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.memory import CACHE_TYPES, KV_KINDS
+from llmsuite.core.memory.factory import ATTN_IMPLS
 from llmsuite.core.memory.masks import SparseParams
 from llmsuite.core.models import load_model
 
@@ -28,10 +29,10 @@ from .common import err_console, resolve
 
 ListOpt = Optional[list[str]]
 FIELDS = ["build_commit", "build_number", "cpu_info", "gpu_info", "backends", "model_filename", "model_type",
-          "model_size", "model_n_params", "n_batch", "n_ubatch", "n_threads", "type_k", "type_v", "kv", "attn",
-          "sparse_topk", "n_prompt", "n_gen", "n_depth", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts"]
+          "model_size", "model_n_params", "n_batch", "n_ubatch", "n_threads", "type_k", "type_v", "kv", "attn_impl",
+          "attn", "sparse_topk", "n_prompt", "n_gen", "n_depth", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts"]
 DISPLAY = {"n_batch": ("n_batch", 7), "n_ubatch": ("n_ubatch", 8), "type_k": ("type_k", 6), "type_v": ("type_v", 6),
-           "kv": ("kv", -8), "attn": ("attn", -6), "backend": ("backend", -10),
+           "kv": ("kv", -8), "attn_impl": ("attn_impl", -9), "attn": ("attn", -6), "backend": ("backend", -10),
            "sparse_topk": ("sparse_topk", 11)}
 
 
@@ -49,6 +50,7 @@ def bench(
     cache_type_v: Annotated[ListOpt, typer.Option("-ctv", "--cache-type-v")] = None,
     kv: Annotated[ListOpt, typer.Option("--kv", help=f"memory classes: {','.join(KV_KINDS)}")] = None,
     attn: Annotated[ListOpt, typer.Option("--attn", help=f"attention paths: {','.join(ATTN_PATHS)}")] = None,
+    attn_impl: Annotated[ListOpt, typer.Option("--attn-impl", help="latent attention (deepseek2): mla,naive")] = None,
     backend: Annotated[ListOpt, typer.Option("--backend", help="backends: cpu,cuda")] = None,
     threads: Annotated[ListOpt, typer.Option("-t", "--threads", help="thread counts (the cpu backend)")] = None,
     gpu_layers: opt.GpuLayers = None,
@@ -82,6 +84,7 @@ def bench(
     axes = _axes(batch, ubatch, cache_type_k, cache_type_v, kv, attn, backend)
     axes["sparse_topk"] = _ints(sparse_topk, "--sparse-topk")
     axes["n_threads"] = _ints(threads, "-t")
+    axes["attn_impl"] = _strs(attn_impl, ATTN_IMPLS, "--attn-impl")
     if any(t < 1 for t in axes["n_threads"]):
         raise InvalidInputError("-t takes thread counts of at least 1")
     sparse = SparseParams(0, sparse_block, sparse_local, sparse_layers)
@@ -199,7 +202,8 @@ def _fields(r: core.Result, paths) -> dict:
                 gpu_info=device if inst.backend == "cuda" else "", backends=inst.backend.upper(),
                 model_filename=str(paths[inst.model]), model_type=model["desc"], model_size=model["size"],
                 model_n_params=model["n_params"], n_batch=inst.n_batch, n_ubatch=inst.n_ubatch,
-                n_threads=inst.threads, type_k=inst.type_k, type_v=inst.type_v, kv=inst.kv, attn=inst.attn,
+                n_threads=inst.threads, type_k=inst.type_k, type_v=inst.type_v, kv=inst.kv, attn_impl=inst.attn_impl,
+                attn=inst.attn,
                 sparse_topk=inst.sparse_topk,
                 n_prompt=inst.test.n_prompt, n_gen=inst.test.n_gen, n_depth=inst.test.n_depth,
                 test_time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), avg_ns=r.avg_ns,
@@ -246,7 +250,8 @@ def _model_cells(row: dict) -> list[str]:
 
 
 def _plain(results, rows, varying) -> str:
-    shown = [a for a in ("n_batch", "n_ubatch", "type_k", "type_v", "kv", "attn", "sparse_topk") if a in varying or
+    shown = [a for a in ("n_batch", "n_ubatch", "type_k", "type_v", "kv", "attn_impl", "attn", "sparse_topk")
+             if a in varying or
              any(getattr(r.instance, a) != getattr(core.Instance, a) for r in results)]
     columns = [("model", -30), ("size", 10), ("params", 10), ("backend", -10), ("threads", 7)]
     columns += [DISPLAY[a] for a in shown] + [("test", 15), ("t/s", 20)]

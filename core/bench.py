@@ -82,7 +82,8 @@ def parse_str_list(value: str) -> list[str]:
 
 # ---- instances ------------------------------------------------------------------------------
 
-AXES = ("backend", "n_threads", "kv", "attn", "sparse_topk", "n_batch", "n_ubatch", "type_k", "type_v")  # outer to inner
+AXES = ("backend", "n_threads", "kv", "attn_impl", "attn", "sparse_topk", "n_batch", "n_ubatch", "type_k",
+        "type_v")  # outer to inner
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ class Instance:
     backend: str = "cpu"
     n_threads: int = 0  # 0: every core
     kv: str = "auto"
+    attn_impl: str = "auto"  # latent-attention models: mla or naive
     attn: str = "auto"
     n_batch: int = 2048
     n_ubatch: int = 512
@@ -108,6 +110,7 @@ class Instance:
     def context_params(self) -> ContextParams:
         return ContextParams(n_ctx=self.test.n_prompt + self.test.n_gen + self.test.n_depth, n_batch=self.n_batch,
                              n_ubatch=min(self.n_ubatch, self.n_batch), kv=self.kv, attn=self.attn,
+                             attn_impl=self.attn_impl,
                              backend=self.backend, type_k=self.type_k, type_v=self.type_v,
                              cache_types_given=(self.type_k, self.type_v) != (default_cache_type(self.backend),) * 2,
                              sparse=replace(self.sparse, topk=self.sparse_topk),

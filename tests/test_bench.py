@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import TINY_GEMMA3, tiny_gemma3
+from conftest import FIXTURES, TINY_GEMMA3, tiny_gemma3
 from llmsuite.core import bench
 from llmsuite.core.errors import InvalidInputError
 
@@ -105,6 +105,14 @@ def test_cli_json_jsonl_csv():
     assert line["n_gen"] == 2
     csv_lines = llm("-m", TINY, "pp8", "-r", "1", "-o", "csv").stdout.splitlines()
     assert csv_lines[0].startswith("build_commit,build_number") and csv_lines[1].startswith('"')
+
+
+def test_cli_sweeps_the_attention_implementation():
+    deepseek2 = str(FIXTURES / "tiny" / "tiny-deepseek2.gguf")
+    r = llm("-m", deepseek2, "pp16", "--attn-impl", "mla,naive", "--kv", "unified,mla", "-r", "1", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    assert [(row["kv"], row["attn_impl"]) for row in json.loads(r.stdout)] == [("unified", "naive"), ("mla", "mla")]
+    assert r.stderr.count("skipped") == 2  # unified cannot cache the latent, mla cannot hold per-head rows
 
 
 def test_cli_sweep_skips_what_does_not_apply():
