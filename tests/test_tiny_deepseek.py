@@ -11,6 +11,7 @@ from conftest import decode_observed, tiny_model, tiny_path, tiny_reference
 from llmsuite.core.batch import Batch
 from llmsuite.core.context import Context, ContextParams
 from llmsuite.core.errors import InvalidInputError
+from llmsuite.core.memory.masks import SparseParams
 
 MARGIN = 5e-2  # top-1 must agree where llama.cpp's best two logits are this far apart
 GAP = 1e-3  # discrete choices (experts, groups, keys) must agree where llama.cpp's margin is this wide
@@ -177,6 +178,7 @@ def test_dsa_state_and_rollback_cover_the_indexer_keys():
     ("deepseek32", dict(kv="mla"), "use --kv dsa"),
     ("llama-moe", dict(attn_impl="mla"), "llama has none"),
     ("llama-moe", dict(kv="mla"), "llama has none"),
+    ("deepseek32", dict(sparse=SparseParams(topk=64)), "selects its own with its indexer"),
 ])
 def test_invalid_attention_choices_are_refused(name, params, message):
     with pytest.raises(InvalidInputError, match=message) as err:

@@ -148,6 +148,8 @@ def _no_selecting_layer(spec: MemorySpec, arch: str, p: MemoryParams) -> str:
     attn = spec.of(AttnSpec)
     if not attn:
         return f"--sparse-topk selects the keys attention reads; {arch} has no attention layers"
+    if all(layer.indexer for layer in attn.values()):
+        return f"--sparse-topk selects keys by block bounds; every layer of {arch} selects its own with its indexer"
     full = [il for il, layer in attn.items() if layer.window == 0]
     if not full:
         return f"--sparse-topk applies to full-attention layers; every layer of {arch} is a sliding window"
