@@ -23,6 +23,8 @@ class LlamaLayer:
     ffn_gate_up: np.ndarray | None  # gate and up projections stacked (dense layers)
     ffn_down: np.ndarray | None
     moe: MoEWeights | None = None
+    q_norm: np.ndarray | None = None  # per-head q/k RMSNorm weights (qwen3), shared by the heads
+    k_norm: np.ndarray | None = None
 
 
 @register("llama")
@@ -34,22 +36,17 @@ class Llama(Model):
         hp.moe = read_moe_params(gguf, self.arch, hp.n_ff, norm_weights=True)
         return hp
 
-    def load_tensors(self, gguf: GGUFFile) -> None:
+    def load_layer(self, gguf: GGUFFile, il: int) -> LlamaLayer:
         hp = self.hparams
-        self.token_embd = self.weight(gguf, "token_embd.weight", (hp.n_vocab, hp.n_embd))
-        self.layers = []
-        for il in range(hp.n_layer):
-            wqkv, wo = self.attention_weights(gguf, il)
-            moe = load_moe(self, gguf, f"blk.{il}", hp.moe, hp.n_embd) if hp.moe else None
-            gate_up, down = (None, None) if moe else self.gated_ffn_weights(gguf, il)
-            self.layers.append(LlamaLayer(
-                attn_norm=self.weight(gguf, f"blk.{il}.attn_norm.weight", (hp.n_embd,)),
-                wqkv=wqkv, wo=wo,
-                ffn_norm=self.weight(gguf, f"blk.{il}.ffn_norm.weight", (hp.n_embd,)),
-                ffn_gate_up=gate_up, ffn_down=down, moe=moe,
-            ))
-        self.output_norm = self.weight(gguf, "output_norm.weight", (hp.n_embd,))
-        self.output = self.output_head(gguf, self.token_embd)
+        wqkv, wo = self.attention_weights(gguf, il)
+        moe = load_moe(self, gguf, f"blk.{il}", hp.moe, hp.n_embd) if hp.moe else None
+        gate_up, down = (None, None) if moe else self.gated_ffn_weights(gguf, il)
+        return LlamaLayer(
+            attn_norm=self.weight(gguf, f"blk.{il}.attn_norm.weight", (hp.n_embd,)),
+            wqkv=wqkv, wo=wo,
+            ffn_norm=self.weight(gguf, f"blk.{il}.ffn_norm.weight", (hp.n_embd,)),
+            ffn_gate_up=gate_up, ffn_down=down, moe=moe,
+        )
 
     def forward(self, g) -> np.ndarray:
         hp = self.hparams
@@ -57,6 +54,8 @@ class Llama(Model):
         x = g.inp_embd(self.token_embd)
         for il, layer in enumerate(self.layers):
             q, k, v = self.split_qkv(g.linear(g.norm(x, layer.attn_norm), layer.wqkv))
+            if layer.q_norm is not None:
+                q, k = g.norm(q, layer.q_norm), g.norm(k, layer.k_norm)
             attn = g.attn(il, g.rope(q, il), g.rope(k, il), v, scale)
             if il == hp.n_layer - 1:
                 attn, x = g.select_outputs(attn, x)
