@@ -16,9 +16,9 @@ import numpy as np
 
 from .batch import Batch
 from .chat import render_for
-from .context import Context, DecodeStatus
-from .errors import InvalidInputError, LLMError
-from .generation import PROMPT_MARGIN, prefill
+from .context import Context
+from .errors import InvalidInputError
+from .generation import PROMPT_MARGIN, decode_or_raise, prefill
 from .sampling import Sampler
 
 
@@ -117,9 +117,7 @@ class Conversation:
         return turn
 
     def _decode_one(self, tok: int, pos: int) -> None:
-        status = self.ctx.decode(Batch.from_tokens(np.array([tok], np.int32), pos0=pos))
-        if status != DecodeStatus.OK:
-            raise LLMError(f"decode failed ({status.name.lower().replace('_', ' ')}): {self.ctx.last_error}")
+        decode_or_raise(self.ctx, Batch.from_tokens(np.array([tok], np.int32), pos0=pos))
 
     def _keep(self, turn: Turn) -> None:
         """The answer joins the history; the cache holds its tokens (the last one sampled is not
