@@ -13,6 +13,7 @@ import copy
 import random
 import struct
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from gguf import GGUFValueType as VT
@@ -287,3 +288,17 @@ def raw_mutants(data: bytes, img: GGUFImage, rng: random.Random, n_flips: int):
         flipped = bytearray(data)
         flipped[at] ^= 1 << rng.randrange(8)
         yield f"flip {i} at {at}", bytes(flipped)
+
+
+def mutant_file(source: Path, tmp_path: Path, edit) -> Path:
+    """`source` with `edit(GGUFImage)` applied, written under tmp_path."""
+    img = edit(GGUFImage.parse(Path(source).read_bytes()))
+    out = tmp_path / f"{Path(source).stem}-mutant.gguf"
+    out.write_bytes(img.serialize())
+    return out
+
+
+def renamed(img: GGUFImage, tensor: str) -> GGUFImage:
+    """The image with tensor `tensor` under another name (so the model misses it)."""
+    index = next(i for i, t in enumerate(img.tensors) if t.name == tensor.encode())
+    return img.with_tensor(index, name=tensor.encode() + b".renamed")

@@ -63,18 +63,20 @@ def test_bad_llama_flags_are_one_sentence(args, fragment):
     assert_one_line_error(generate("-p", "hi", *args), fragment)
 
 
-def test_threads_follow_t_for_one_token_and_tb_for_batches():
-    from llmsuite.core import threads
+def test_threads_follow_t_for_one_token_and_tb_for_batches(monkeypatch):
+    from llmsuite.core import context, threads
 
-    if numba.config.NUMBA_NUM_THREADS < 2:
-        pytest.skip("one core: nothing to choose")
-    ctx = Context(tiny_model(TINY_GEMMA3), ContextParams(n_ctx=64, n_threads=1, n_threads_batch=2))
+    asked = []
+    monkeypatch.setattr(context, "use_threads", asked.append)
+    ctx = Context(tiny_model(TINY_GEMMA3), ContextParams(n_ctx=64, n_threads=1, n_threads_batch=3))
     assert ctx.decode(Batch.from_tokens([1, 2, 3])) == 0
-    assert numba.get_num_threads() == 2
     assert ctx.decode(Batch.from_tokens([4], pos0=3)) == 0
-    assert numba.get_num_threads() == 1
-    assert threads.describe() == ""  # NumPy's OpenBLAS takes the count too
+    assert asked == [3, 1]
+    monkeypatch.undo()
+    threads.use_threads(1)  # numba's pool and NumPy's OpenBLAS both take the count
+    assert numba.get_num_threads() == 1 and threads.describe() == ""
     threads.use_threads(numba.config.NUMBA_NUM_THREADS)
+    assert numba.get_num_threads() == numba.config.NUMBA_NUM_THREADS
 
 
 def test_bench_sweeps_threads():

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import TINY_SSM, load_fixture, tiny_gemma3, tiny_ssm
+from gguf_mutants import mutant_file, renamed
 from llmsuite.core.batch import Batch
 from llmsuite.core.context import Context, ContextParams, DecodeStatus
 from llmsuite.core.errors import InvalidInputError, ModelFileError
@@ -212,23 +213,9 @@ def test_state_files_do_not_cross_memory_kinds():
     assert state_bytes(mamba) == before
 
 
-def _mutant(tmp_path, arch, edit):
-    from gguf_mutants import GGUFImage
-
-    img = edit(GGUFImage.parse(TINY_SSM[arch].read_bytes()))
-    path = tmp_path / f"{arch}-mutant.gguf"
-    path.write_bytes(img.serialize())
-    return path
-
-
-def _rename(img, name: str):
-    index = next(i for i, t in enumerate(img.tensors) if t.name == name.encode())
-    return img.with_tensor(index, name=name.encode() + b".renamed")
-
-
 @pytest.mark.parametrize("arch, edit, message", [
-    ("mamba", lambda img: _rename(img, "blk.1.ssm_x.weight"), "'blk.1.ssm_x.weight'"),
-    ("mamba2", lambda img: _rename(img, "blk.0.ssm_norm.weight"), "'blk.0.ssm_norm.weight'"),
+    ("mamba", lambda img: renamed(img, "blk.1.ssm_x.weight"), "'blk.1.ssm_x.weight'"),
+    ("mamba2", lambda img: renamed(img, "blk.0.ssm_norm.weight"), "'blk.0.ssm_norm.weight'"),
     ("mamba", lambda img: img.drop("mamba.ssm.state_size"), "mamba.ssm.state_size"),
     ("mamba", lambda img: img.set("mamba.ssm.conv_kernel", 4, 0), "mamba.ssm.conv_kernel"),
     ("mamba2", lambda img: img.set("mamba2.ssm.state_size", 4, 0), "mamba2.ssm.state_size"),
@@ -236,7 +223,7 @@ def _rename(img, name: str):
 ])
 def test_a_broken_ssm_gguf_is_one_clear_error(tmp_path, arch, edit, message):
     with pytest.raises(ModelFileError, match=message) as err:
-        load_model(_mutant(tmp_path, arch, edit))
+        load_model(mutant_file(TINY_SSM[arch], tmp_path, edit))
     assert "\n" not in str(err.value)
 
 

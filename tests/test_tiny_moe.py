@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, decode_observed, load_fixture, tiny_model, tiny_path as path, tiny_reference as reference
+from gguf_mutants import mutant_file, renamed
 from llmsuite.core.batch import Batch
 from llmsuite.core.context import Context, ContextParams
 from llmsuite.core.errors import ModelFileError
@@ -125,36 +126,22 @@ def test_perplexity_matches_llama_cpp(name):
     assert abs(result.ppl / expected - 1) < 5e-3, (result.ppl, expected)
 
 
-def _mutant(tmp_path, name, edit):
-    from gguf_mutants import GGUFImage
-
-    img = edit(GGUFImage.parse(path(name).read_bytes()))
-    out = tmp_path / f"{name}-mutant.gguf"
-    out.write_bytes(img.serialize())
-    return out
-
-
-def _rename(img, tensor: str):
-    index = next(i for i, t in enumerate(img.tensors) if t.name == tensor.encode())
-    return img.with_tensor(index, name=tensor.encode() + b".renamed")
-
-
 @pytest.mark.parametrize("name, edit, message", [
-    ("llama-moe", lambda img: _rename(img, "blk.1.ffn_up_exps.weight"), "'blk.1.ffn_up_exps.weight'"),
+    ("llama-moe", lambda img: renamed(img, "blk.1.ffn_up_exps.weight"), "'blk.1.ffn_up_exps.weight'"),
     ("llama-moe", lambda img: img.set("llama.expert_count", 4, 8), r"ffn_gate_inp.weight' has shape \[4, 64\]"),
     ("llama-moe", lambda img: img.set("llama.expert_used_count", 4, 5), "llama.expert_used_count"),
-    ("qwen3", lambda img: _rename(img, "blk.0.attn_k_norm.weight"), "'blk.0.attn_k_norm.weight'"),
-    ("deepseek2", lambda img: _rename(img, "blk.1.attn_kv_a_mqa.weight"), "'blk.1.attn_kv_a_mqa.weight'"),
-    ("deepseek2", lambda img: _rename(img, "blk.2.attn_k_b.weight"), "'blk.2.attn_k_b.weight'"),
+    ("qwen3", lambda img: renamed(img, "blk.0.attn_k_norm.weight"), "'blk.0.attn_k_norm.weight'"),
+    ("deepseek2", lambda img: renamed(img, "blk.1.attn_kv_a_mqa.weight"), "'blk.1.attn_kv_a_mqa.weight'"),
+    ("deepseek2", lambda img: renamed(img, "blk.2.attn_k_b.weight"), "'blk.2.attn_k_b.weight'"),
     ("deepseek2", lambda img: img.drop("deepseek2.attention.kv_lora_rank"), "deepseek2.attention.kv_lora_rank"),
     ("deepseek2", lambda img: img.set("deepseek2.expert_used_count", 4, 6), "deepseek2.expert_used_count"),
     ("deepseek2", lambda img: img.set("deepseek2.leading_dense_block_count", 4, 0), "'blk.0.ffn_gate_inp.weight'"),
     ("deepseek32", lambda img: img.drop("deepseek32.expert_gating_func"), "deepseek32.expert_gating_func"),
     ("deepseek32", lambda img: img.set("deepseek32.attention.indexer.key_length", 4, 32), "power of two"),
-    ("deepseek32", lambda img: _rename(img, "blk.0.indexer.proj.weight"), "'blk.0.indexer.proj.weight'"),
+    ("deepseek32", lambda img: renamed(img, "blk.0.indexer.proj.weight"), "'blk.0.indexer.proj.weight'"),
     ("deepseek32", lambda img: img.set("deepseek32.expert_group_count", 4, 3), "8 experts in 3 groups"),
 ])
 def test_a_broken_gguf_is_one_clear_error(tmp_path, name, edit, message):
     with pytest.raises(ModelFileError, match=message) as err:
-        load_model(_mutant(tmp_path, name, edit))
+        load_model(mutant_file(path(name), tmp_path, edit))
     assert "\n" not in str(err.value)
