@@ -174,3 +174,9 @@ def test_interactive_continues_the_prompt_then_each_input():
 def test_a_context_too_small_for_any_prompt_is_refused_before_loading():
     r = llm("generate", "-m", "no-such-model", "-c", "3", "-p", "hi")
     assert_one_line_error(r, "-c 3 leaves no room for a prompt")
+
+
+def test_context_shift_is_refused_for_a_recurrent_state_before_any_output():
+    r = llm("generate", "-m", str(TINY_GEMMA3.parent / "tiny-mamba.gguf"), "-p", "Once upon", "--context-shift")
+    assert_one_line_error(r, "--kv recurrent cannot")
+    assert r.stdout == ""

@@ -91,6 +91,11 @@ class RecurrentMemory(Memory):
     def seq_pos_min(self, seq: int) -> int:
         return int(self.pos[seq])
 
+    @property
+    def can_shift(self) -> bool:
+        """A state summarises its whole history: no position in it can move (llama.cpp: no context shift)."""
+        return False
+
     def seq_pos_max(self, seq: int) -> int:
         return int(self.pos[seq])
 
