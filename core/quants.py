@@ -217,11 +217,23 @@ def dequantize_rows(raw: np.ndarray, qtype: T) -> np.ndarray:
 # of 32 with an f16 scale for the 32-blocks, q8_K blocks of 256 with an f32 scale for K-quants).
 # The integer dot product equals the float product of the rounded activations and the weights.
 
-def _as_q8_32(x: np.ndarray) -> np.ndarray:
+def _q8_32_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's quantize_row_q8_0/q8_1 (x86): per 32 values, q = round-to-even(x · 127/amax) and
+    the float scale d = amax/127 (stored as f16). The multiplier is 127/amax, not 1/d: the two
+    differ in the last bit, and that flips roundings."""
     blocks = x.reshape(len(x), -1, 32)
-    d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)
-    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
-    return (np.round(blocks * inv) * d.astype(np.float16).astype(np.float32)).reshape(x.shape)
+    amax = np.abs(blocks).max(axis=-1, keepdims=True)
+    inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax != 0)
+    return np.round(blocks * inv), amax / np.float32(127)
+
+
+def _as_q8_32(x: np.ndarray) -> np.ndarray:
+    q, d = _q8_32_blocks(x)
+    return (q * _round_f16(d)).reshape(x.shape)
+
+
+def _round_f16(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).astype(np.float32)
 
 
 def _as_q8_k(x: np.ndarray) -> np.ndarray:
@@ -244,6 +256,19 @@ _ACTIVATION_ROUNDING = {
     **{t: _as_q8_32 for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)},
     **{t: _as_q8_k for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K)},
 }
+
+
+def q8_1_sum_correction(x: np.ndarray, raw: np.ndarray, weight_type: int) -> np.ndarray | None:
+    """What ggml's Q4_1/Q5_1 dot adds beyond the product of the rounded activations and the
+    weights, (n, n_out): a q8_1 block keeps s = d·Σq rounded to f16, and the dot takes the
+    block offset as m·s, where the rounded activations give m·f16(d)·Σq. None for other types."""
+    if T(int(weight_type)) not in (T.Q4_1, T.Q5_1):
+        return None
+    _, type_size = GGML_QUANT_SIZES[T(int(weight_type))]
+    mins = raw.reshape(len(raw), -1, type_size)[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    q, d = _q8_32_blocks(np.ascontiguousarray(x, dtype=np.float32))
+    sums, d = q.sum(axis=-1), d[..., 0]
+    return (_round_f16(d * sums) - _round_f16(d) * sums) @ mins.T
 
 
 def ggml_activations(x: np.ndarray, weight_type: int) -> np.ndarray:

@@ -2,7 +2,7 @@
 the prompt path (one ubatch: BLAS over dequantized tiles, attention in tiles) and the decode path
 (one token per ubatch: the mat-vec kernels and attend_rows), plus the greedy fixture prompts.
 
-    python scripts/logit_fidelity.py [-m smollm2-135m,gemma3-270m] [--fixtures tests/fixtures/real]
+    python scripts/logit_fidelity.py [-m smollm2-135m,gemma3-270m] [--fixtures tests/fixtures/real] [--numerics ggml]
 
 Prints one markdown row per model and path: mean and max |Δ| over llama.cpp's top-10 logits at the
 96 positions, top-1 agreement, max |Δ| over the last position's whole vocabulary; and per model how
@@ -26,10 +26,11 @@ from llmsuite.core.models import load_model
 
 GREEDY_TOKENS = 16
 CACHE = default_cache_type("cpu")  # the CLI's default, f16 as llama.cpp's fixtures used
+NUMERICS = "f32"  # --numerics
 
 
 def params(**kw) -> ContextParams:
-    return ContextParams(n_ctx=2048, type_k=CACHE, type_v=CACHE, **kw)
+    return ContextParams(n_ctx=2048, type_k=CACHE, type_v=CACHE, numerics=NUMERICS, **kw)
 
 
 def logits_in_one_batch(model, ids) -> np.ndarray:
@@ -81,7 +82,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--models", default="smollm2-135m,gemma3-270m")
     ap.add_argument("--fixtures", default=str(Path(__file__).resolve().parent.parent / "tests/fixtures/real"))
+    ap.add_argument("--numerics", default="f32", choices=("f32", "ggml"),
+                    help="ggml: matmul activations rounded as ggml-cpu does")
     args = ap.parse_args()
+    global NUMERICS
+    NUMERICS = args.numerics
     print("| model | path | mean \\|Δ\\| top-10 | max \\|Δ\\| top-10 | top-1 equal | last position max \\|Δ\\| |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     greedy = []

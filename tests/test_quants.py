@@ -51,3 +51,55 @@ def test_quantize_rows_matches_gguf(qtype):
     ours = quantize_rows(rows, qtype)
     np.testing.assert_array_equal(ours.reshape(-1), quants.quantize(rows, qtype).reshape(-1))
     np.testing.assert_array_equal(dequantize_rows(ours, qtype), quants.dequantize(ours, qtype).reshape(64, 256))
+
+
+# ---- --numerics ggml: ggml-cpu's q8_0/q8_1 activations and its Q4_1/Q5_1 dot ---------------------
+
+def ggml_q8_blocks(x: np.ndarray):
+    """quantize_row_q8_1 as ggml-cpu's x86 code runs it: per 32 values the multiplier 127/amax,
+    round to even, the f16 scale of amax/127 and s = f16(amax/127 · Σq)."""
+    blocks = x.reshape(-1, 32)
+    amax = np.abs(blocks).max(axis=1)
+    q = np.round(blocks * (np.float32(127) / amax)[:, None]).astype(np.int64)
+    d = amax / np.float32(127)
+    return q, d.astype(np.float16), (d * q.sum(axis=1)).astype(np.float32).astype(np.float16)
+
+
+def ggml_dot_1(row_blocks: np.ndarray, qtype: T, x: np.ndarray) -> float:
+    """ggml_vec_dot_q4_1_q8_1 / q5_1_q8_1 in exact arithmetic: Σ d·d8·(q·q8) + m·s8."""
+    q8, d8, s8 = ggml_q8_blocks(x)
+    weights = quants.dequantize(row_blocks, qtype).reshape(-1, 32).astype(np.float64)
+    d = row_blocks[:, 0:2].copy().view(np.float16)[:, 0].astype(np.float64)
+    m = row_blocks[:, 2:4].copy().view(np.float16)[:, 0].astype(np.float64)
+    q = np.rint((weights - m[:, None]) / d[:, None])  # the integer codes back from the values
+    return float((d * d8 * (q * q8).sum(axis=1) + m * s8).sum())
+
+
+def boundary_blocks(rng, n: int) -> np.ndarray:
+    """Blocks whose rounding differs between x·(127/amax) and x·(1/(amax/127)): where an
+    emulation that divides by the scale flips a value ggml does not."""
+    found = []
+    while len(found) < n:
+        x = rng.standard_normal((4096, 32)).astype(np.float32)
+        amax = np.abs(x).max(axis=1, keepdims=True)
+        exact = np.round(x * (np.float32(127) / amax))
+        divided = np.round(x * (np.float32(1) / (amax / np.float32(127))))
+        found.extend(x[(exact != divided).any(axis=1)])
+    return np.array(found[:n], dtype=np.float32)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q5_1], ids=lambda t: t.name)
+def test_ggml_numerics_equal_ggml_integer_dot(qtype):
+    from llmsuite.core.backend import get_backend
+    from llmsuite.core.backend.weights import QuantWeight
+
+    rng = np.random.default_rng(7)
+    n_in, n_out = 256, 24
+    blocks = random_blocks(qtype, n_out * n_in // 32, rng)
+    blocks[:, 2:4] = (rng.standard_normal(len(blocks)) * 4).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    x = np.concatenate([boundary_blocks(rng, 8).reshape(1, -1), 3 + rng.standard_normal((2, n_in), np.float32)])
+    w = QuantWeight.from_raw(blocks, qtype, (n_out, n_in))
+    ours = get_backend("cpu", numerics="ggml").matmul(x, w)
+    rows = blocks.reshape(n_out, n_in // 32, -1)
+    want = np.array([[ggml_dot_1(rows[r], qtype, xi) for r in range(n_out)] for xi in x])
+    np.testing.assert_allclose(ours, want, rtol=0, atol=2e-5 * np.abs(want).max())

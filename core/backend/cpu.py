@@ -14,7 +14,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..errors import LLMError
-from ..quants import dequantize, ggml_activations, quantize_rows
+from ..quants import dequantize, ggml_activations, q8_1_sum_correction, quantize_rows
 from .algebra import ArrayAlgebra
 from .weights import BlockRows, QuantWeight
 
@@ -213,8 +213,11 @@ class CPUBackend(ArrayAlgebra):
             out = np.empty((len(x), w.shape[0]), dtype=np.float32)
         if self.numerics == "ggml":
             for part, col in w.spans():  # each part's activations rounded for its own type
-                self._matmul_quant(ggml_activations(x, part.qtype), QuantWeight((part,), w.n_in),
-                                   out[:, col:col + part.n_out])
+                target = out[:, col:col + part.n_out]
+                self._matmul_quant(ggml_activations(x, part.qtype), QuantWeight((part,), w.n_in), target)
+                correction = q8_1_sum_correction(x, part.raw, part.qtype)
+                if correction is not None:
+                    target += correction
             return out
         return self._matmul_quant(x, w, out)
 
