@@ -16,7 +16,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from llmsuite.core import bench as core
-from llmsuite.core.backend import get_backend
+from llmsuite.core.backend import NUMERICS, get_backend
 from llmsuite.core.context import ATTN_PATHS
 from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.memory import CACHE_TYPES, KV_KINDS
@@ -30,10 +30,10 @@ from .common import err_console, resolve
 ListOpt = Optional[list[str]]
 FIELDS = ["build_commit", "build_number", "cpu_info", "gpu_info", "backends", "model_filename", "model_type",
           "model_size", "model_n_params", "n_batch", "n_ubatch", "n_threads", "type_k", "type_v", "kv", "attn_impl",
-          "attn", "sparse_topk", "n_prompt", "n_gen", "n_depth", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts"]
+          "attn", "numerics", "sparse_topk", "n_prompt", "n_gen", "n_depth", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts"]
 DISPLAY = {"n_batch": ("n_batch", 7), "n_ubatch": ("n_ubatch", 8), "type_k": ("type_k", 6), "type_v": ("type_v", 6),
            "kv": ("kv", -8), "attn_impl": ("attn_impl", -9), "attn": ("attn", -6), "backend": ("backend", -10),
-           "sparse_topk": ("sparse_topk", 11)}
+           "sparse_topk": ("sparse_topk", 11), "numerics": ("numerics", -8)}
 
 
 def bench(
@@ -52,6 +52,8 @@ def bench(
     attn: Annotated[ListOpt, typer.Option("--attn", help=f"attention paths: {','.join(ATTN_PATHS)}")] = None,
     attn_impl: Annotated[ListOpt, typer.Option("--attn-impl", help="latent attention (deepseek2): mla,naive")] = None,
     backend: Annotated[ListOpt, typer.Option("--backend", help="backends: cpu,cuda")] = None,
+    numerics: Annotated[ListOpt, typer.Option("--numerics", help="f32,ggml (ggml: matmul activations rounded as "
+                                              "ggml-cpu does, and its integer dots)")] = None,
     threads: Annotated[ListOpt, typer.Option("-t", "--threads", help="thread counts (the cpu backend)")] = None,
     gpu_layers: opt.GpuLayers = None,
     flash_attn: Annotated[str, typer.Option("-fa", "--flash-attn", help="0|1 (or off|on|auto): 0 runs attention "
@@ -85,6 +87,7 @@ def bench(
     axes["sparse_topk"] = _ints(sparse_topk, "--sparse-topk")
     axes["n_threads"] = _ints(threads, "-t")
     axes["attn_impl"] = _strs(attn_impl, ATTN_IMPLS, "--attn-impl")
+    axes["numerics"] = _strs(numerics, NUMERICS, "--numerics")
     if any(t < 1 for t in axes["n_threads"]):
         raise InvalidInputError("-t takes thread counts of at least 1")
     sparse = SparseParams(0, sparse_block, sparse_local, sparse_layers)
@@ -203,7 +206,7 @@ def _fields(r: core.Result, paths) -> dict:
                 model_filename=str(paths[inst.model]), model_type=model["desc"], model_size=model["size"],
                 model_n_params=model["n_params"], n_batch=inst.n_batch, n_ubatch=inst.n_ubatch,
                 n_threads=inst.threads, type_k=inst.type_k, type_v=inst.type_v, kv=inst.kv, attn_impl=inst.attn_impl,
-                attn=inst.attn,
+                attn=inst.attn, numerics=inst.numerics,
                 sparse_topk=inst.sparse_topk,
                 n_prompt=inst.test.n_prompt, n_gen=inst.test.n_gen, n_depth=inst.test.n_depth,
                 test_time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), avg_ns=r.avg_ns,
@@ -250,7 +253,7 @@ def _model_cells(row: dict) -> list[str]:
 
 
 def _plain(results, rows, varying) -> str:
-    shown = [a for a in ("n_batch", "n_ubatch", "type_k", "type_v", "kv", "attn_impl", "attn", "sparse_topk")
+    shown = [a for a in ("n_batch", "n_ubatch", "type_k", "type_v", "kv", "attn_impl", "attn", "sparse_topk", "numerics")
              if a in varying or
              any(getattr(r.instance, a) != getattr(core.Instance, a) for r in results)]
     columns = [("model", -30), ("size", 10), ("params", 10), ("backend", -10), ("threads", 7)]

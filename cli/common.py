@@ -56,9 +56,9 @@ def resolve(spec: str | None) -> Path:
         return hub.resolve_model(spec, RichReporter(progress))
 
 
-def open_model(spec: str | None, backend: str = "cpu", cache_types=("f16",)) -> tuple[Model, float]:
-    """Resolve `-m`, load the model for `backend` with a progress bar and ready the kernels it
-    and these KV-cache types need; returns (model, load seconds)."""
+def open_model(spec: str | None, backend: str = "cpu", cache_types=("f16",), numerics: str = "f32") -> tuple[Model, float]:
+    """Resolve `-m`, load the model for `backend` with a progress bar and ready the kernels it,
+    these KV-cache types and these numerics need; returns (model, load seconds)."""
     path = resolve(spec)
     t0 = time.perf_counter()
     with progress_display() as progress:
@@ -70,7 +70,8 @@ def open_model(spec: str | None, backend: str = "cpu", cache_types=("f16",)) -> 
         model = load_model(path, report, backend)
         progress.update(task, description="preparing cpu kernels (numba compiles them once per machine)",
                         total=None)
-        model.backend.prepare(model.weight_types, state_space=model.is_recurrent, cache_types=cache_types)
+        model.backend.prepare(model.weight_types, state_space=model.is_recurrent, cache_types=cache_types,
+                              numerics=numerics)
     for note in getattr(model.backend, "notes", []):
         log(note)
     return model, time.perf_counter() - t0

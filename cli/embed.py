@@ -48,7 +48,7 @@ def embed(
     params = opt.context_params(ctx_size, batch_size, batch_size, min(len(inputs), MAX_SEQ), kv, ctx_kind,
                                 False, cache_type_k, cache_type_v, backend, numerics=numerics)
     params.embeddings, params.pooling = True, pooling
-    lm, _ = open_model(model, backend, (params.type_k, params.type_v))
+    lm, _ = open_model(model, backend, (params.type_k, params.type_v), numerics)
     if pooling == "auto" and not lm.hparams.pooling:
         raise InvalidInputError(f"{lm.name} ({lm.arch}) has no pooling type: give --pooling mean or last "
                                 "(or none for one vector per token)")

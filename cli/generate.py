@@ -125,7 +125,7 @@ def generate(
                                 cache_type_k, cache_type_v, backend, attn, numerics,
                                 SparseParams(sparse_topk, sparse_block, sparse_local, sparse_layers), attn_impl,
                                 threads, threads_batch)
-    lm, t_load = open_model(model, backend, (params.type_k, params.type_v))
+    lm, t_load = open_model(model, backend, (params.type_k, params.type_v), numerics)
     ctx = Context(lm, params)
     if settings["verbose"]:
         ctx.attn_stats = AttnStats()

@@ -87,7 +87,7 @@ def perplexity(
     cache_type_k, cache_type_v = opt.cache_types(backend, cache_type_k, cache_type_v)
     opt.context_params(ctx_size, batch_size, min(ubatch_size, batch_size), 1, kv, ctx_kind, swa_full,
                        given_k, given_v, backend, attn, numerics, sparse, attn_impl, threads, threads_batch)
-    lm, _ = open_model(model, backend, (cache_type_k, cache_type_v))
+    lm, _ = open_model(model, backend, (cache_type_k, cache_type_v), numerics)
     if base is not None:
         if base.n_vocab != lm.hparams.n_vocab or base.vocab_fp != vocab_fingerprint(lm.vocab):
             raise InvalidInputError(f"{kl_base} was computed with another vocabulary ({base.model_name}); "

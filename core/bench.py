@@ -82,8 +82,8 @@ def parse_str_list(value: str) -> list[str]:
 
 # ---- instances ------------------------------------------------------------------------------
 
-AXES = ("backend", "n_threads", "kv", "attn_impl", "attn", "sparse_topk", "n_batch", "n_ubatch", "type_k",
-        "type_v")  # outer to inner
+AXES = ("backend", "numerics", "n_threads", "kv", "attn_impl", "attn", "sparse_topk", "n_batch", "n_ubatch",
+        "type_k", "type_v")  # outer to inner
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,7 @@ class Instance:
     model: str
     test: Test
     backend: str = "cpu"
+    numerics: str = "f32"  # ggml: matmul activations rounded as ggml-cpu does (its integer dots)
     n_threads: int = 0  # 0: every core
     kv: str = "auto"
     attn_impl: str = "auto"  # latent-attention models: mla or naive
@@ -111,7 +112,7 @@ class Instance:
         return ContextParams(n_ctx=self.test.n_prompt + self.test.n_gen + self.test.n_depth, n_batch=self.n_batch,
                              n_ubatch=min(self.n_ubatch, self.n_batch), kv=self.kv, attn=self.attn,
                              attn_impl=self.attn_impl,
-                             backend=self.backend, type_k=self.type_k, type_v=self.type_v,
+                             backend=self.backend, numerics=self.numerics, type_k=self.type_k, type_v=self.type_v,
                              cache_types_given=(self.type_k, self.type_v) != (default_cache_type(self.backend),) * 2,
                              sparse=replace(self.sparse, topk=self.sparse_topk),
                              n_threads=self.threads, n_threads_batch=self.threads)

@@ -115,6 +115,15 @@ def test_cli_sweeps_the_attention_implementation():
     assert r.stderr.count("skipped") == 2  # unified cannot cache the latent, mla cannot hold per-head rows
 
 
+def test_cli_sweeps_the_numerics():
+    r = llm("-m", TINY, "tg2", "--numerics", "f32,ggml", "-r", "1", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    assert [row["numerics"] for row in json.loads(r.stdout)] == ["f32", "ggml"]
+    bad = llm("-m", TINY, "tg2", "--numerics", "int4")
+    assert bad.returncode != 0 and bad.stderr.strip() == \
+        "error: unknown --numerics value 'int4' (choose from f32, ggml)"
+
+
 def test_cli_sweep_skips_what_does_not_apply():
     r = llm("-m", "smollm2-135m", "pp8", "--kv", "unified,iswa", "-r", "1")
     assert r.returncode == 0 and "unified" in r.stdout

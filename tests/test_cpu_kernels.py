@@ -8,7 +8,7 @@ import pytest
 from gguf import GGMLQuantizationType as T, quants
 
 from conftest import TINY_GEMMA3, real_model
-from llmsuite.core.backend import CPUBackend, qkernels
+from llmsuite.core.backend import CPUBackend, ikernels, qkernels
 from llmsuite.core.backend.weights import QuantWeight
 from llmsuite.core.errors import LLMError
 from llmsuite.core.ops import WEIGHT_TYPES, ggml_type, random_weight
@@ -225,3 +225,28 @@ def test_vector_kernels_widen_halves_in_integers_without_f16c(monkeypatch):
     expected = q.astype(np.float64) @ rows.astype(np.float64).T
     np.testing.assert_allclose(s[:, :5], expected[:, :5], rtol=1e-5, atol=1e-5)
     assert np.isinf(s[:, 5]).all()
+
+
+@pytest.mark.skipif(not ikernels.AVAILABLE, reason="the integer dots need AVX2 and F16C")
+@pytest.mark.parametrize("qtype", sorted(ikernels.MATVEC), ids=lambda t: T(t).name)
+def test_integer_dots_equal_the_rounded_float_product(qtype, monkeypatch):
+    """ggml numerics for a few rows (ikernels: q8 codes, integer dots) equal the float product of
+    the rounded activations (the path many rows take), for single and stacked weights."""
+    rng = np.random.default_rng(qtype)
+    name = T(qtype).name
+    parts = [QuantWeight.from_raw(np.ascontiguousarray(random_weight(rng, name, n, 512)).view(np.uint8), T(qtype),
+                                  (n, 512)) for n in (40, 24)]
+    ggml = CPUBackend(numerics="ggml")
+    for w in (parts[0], CPUBackend.concatenate(parts)):
+        for n_rows in (1, 2, 8):
+            x = rng.standard_normal((n_rows, 512)).astype(np.float32)
+            x[0, :32] *= 50  # one block dominated by an outlier, as real activations have
+            fast = ggml.matmul(x, w)
+            with monkeypatch.context() as m:
+                m.setattr(ikernels, "AVAILABLE", False)
+                rounded = ggml.matmul(x, w)
+            np.testing.assert_allclose(fast, rounded, rtol=0, atol=2e-6 * np.abs(rounded).max())
+
+
+def test_integer_dots_cover_the_32_value_block_types():
+    assert set(ikernels.MATVEC) == {int(t) for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)}

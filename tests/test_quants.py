@@ -88,8 +88,9 @@ def boundary_blocks(rng, n: int) -> np.ndarray:
     return np.array(found[:n], dtype=np.float32)
 
 
+@pytest.mark.parametrize("n_rows", [3, 12])  # 3: the integer kernels (ikernels); 12: rounding, then BLAS
 @pytest.mark.parametrize("qtype", [T.Q4_1, T.Q5_1], ids=lambda t: t.name)
-def test_ggml_numerics_equal_ggml_integer_dot(qtype):
+def test_ggml_numerics_equal_ggml_integer_dot(qtype, n_rows):
     from llmsuite.core.backend import get_backend
     from llmsuite.core.backend.weights import QuantWeight
 
@@ -97,7 +98,8 @@ def test_ggml_numerics_equal_ggml_integer_dot(qtype):
     n_in, n_out = 256, 24
     blocks = random_blocks(qtype, n_out * n_in // 32, rng)
     blocks[:, 2:4] = (rng.standard_normal(len(blocks)) * 4).astype(np.float16).view(np.uint8).reshape(-1, 2)
-    x = np.concatenate([boundary_blocks(rng, 8).reshape(1, -1), 3 + rng.standard_normal((2, n_in), np.float32)])
+    x = np.concatenate([boundary_blocks(rng, 8).reshape(1, -1),
+                        3 + rng.standard_normal((n_rows - 1, n_in), np.float32)])
     w = QuantWeight.from_raw(blocks, qtype, (n_out, n_in))
     ours = get_backend("cpu", numerics="ggml").matmul(x, w)
     rows = blocks.reshape(n_out, n_in // 32, -1)

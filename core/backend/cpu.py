@@ -143,12 +143,12 @@ class CPUBackend(ArrayAlgebra):
                               "expanded to f32 at load")
         return out
 
-    def prepare(self, weight_types, state_space: bool = False, cache_types=("f16",)) -> None:
+    def prepare(self, weight_types, state_space: bool = False, cache_types=("f16",), numerics: str = "f32") -> None:
         """Compile (the first time on a machine) or load from numba's cache the kernels a model
         with these weight types (and, for a recurrent model, the state-space ops) needs: each one
         runs once on a one-block weight. Decode attention is warmed for the cache types given
         (f16 and f32 caches are read in place, each by its own compiled variant; other types
-        take the block kernels)."""
+        take the block kernels), and the integer dots for ggml numerics."""
         kernels = qkernels()
         x = np.ones((1, 256), dtype=np.float32)
         try:
@@ -161,6 +161,9 @@ class CPUBackend(ArrayAlgebra):
                     for n_parts in (2, 3):
                         kernels.MATVEC[qtype]((w,) * n_parts, x, np.empty((1, n_parts), np.float32))
                 kernels.DEQUANT[qtype](w, np.zeros(1, np.int64), np.empty((1, 256), np.float32))
+                if numerics == "ggml" and self._integer_dots(QuantWeight.from_raw(w, qtype, (1, 256))):
+                    for parts in (w, (w, w), (w, w, w)):
+                        ikernels().MATVEC[qtype](parts, x, np.empty((1, 3), np.float32))
             kernels.DEQUANT[int(GGMLQuantizationType.F16)](np.zeros((1, 64), np.uint8), np.zeros(1, np.int64),
                                                           np.empty((1, 32), np.float32))  # f16 cache rows
             for rows in (1, SERIAL_ROWS + 1):  # the serial and the parallel variant of each row kernel
@@ -212,6 +215,8 @@ class CPUBackend(ArrayAlgebra):
         if out is None:
             out = np.empty((len(x), w.shape[0]), dtype=np.float32)
         if self.numerics == "ggml":
+            if len(x) <= FUSED_MAX_ROWS and self._integer_dots(w):
+                return self._matmul_q8(x, w, out)
             for part, col in w.spans():  # each part's activations rounded for its own type
                 target = out[:, col:col + part.n_out]
                 self._matmul_quant(ggml_activations(x, part.qtype), QuantWeight((part,), w.n_in), target)
@@ -220,6 +225,21 @@ class CPUBackend(ArrayAlgebra):
                     target += correction
             return out
         return self._matmul_quant(x, w, out)
+
+    @staticmethod
+    def _integer_dots(w: QuantWeight) -> bool:
+        """Whether ikernels (ggml's integer dots) cover every part of w on this CPU."""
+        kernels = ikernels()
+        return kernels.AVAILABLE and all(run[0] in kernels.MATVEC for run in w.runs())
+
+    @staticmethod
+    def _matmul_q8(x: np.ndarray, w: QuantWeight, out: np.ndarray) -> np.ndarray:
+        """ggml numerics for a few rows: each run of same-type parts rounds the activations to
+        q8 blocks and takes ggml's integer dots, in one launch."""
+        kernels = ikernels()
+        for qtype, raws, first, end in w.runs():
+            kernels.MATVEC[qtype](raws[0] if len(raws) == 1 else raws, x, out[:, first:end])
+        return out
 
     def _matmul_quant(self, x: np.ndarray, w: QuantWeight, out: np.ndarray) -> np.ndarray:
         kernels = qkernels()
@@ -571,6 +591,10 @@ def qkernels():
 
 def akernels():
     return _kernel_module("akernels", "attention")
+
+
+def ikernels():
+    return _kernel_module("ikernels", "integer (--numerics ggml)")
 
 
 def skernels():

@@ -115,7 +115,7 @@ class CUDABackend(ArrayAlgebra):
 
     # ---- weights -------------------------------------------------------------------------
 
-    def prepare(self, weight_types, state_space: bool = False, cache_types=("f16",)) -> None:
+    def prepare(self, weight_types, state_space: bool = False, cache_types=("f16",), numerics: str = "f32") -> None:
         """Nothing to do: the kernels were compiled when the backend started."""
 
     def load_weight(self, raw: np.ndarray, qtype, shape: tuple[int, ...], name: str = ""):

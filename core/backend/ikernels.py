@@ -1,0 +1,274 @@
+"""Integer mat-vec kernels for `--numerics ggml`: the arithmetic of ggml-cpu's x86 dot products.
+
+With ggml numerics the activations are rounded to q8 blocks before a matmul of a 32-value block
+type, as ggml-cpu does (core/quants.py). The rounded values are small integers times a block
+scale, so the dot of a block is an integer dot (exact) times the two scales. These kernels take
+it that way, as ggml's AVX2 code does: the 32 byte products of a block summed in pairs twice
+(pmaddubsw, pmaddwd) into 8 lanes, each lane converted to float and accumulated with the block's
+d·d8 by one fma, the lanes summed at the end in ggml's order (hsum_float_8), and for Q4_1/Q5_1
+the block offsets m·s8 summed apart. A Q4_1 row's dot then equals ggml_vec_dot_q4_1_q8_1 bit for
+bit, and reads four times fewer vector operations than the float kernels of vkernels.py.
+
+`MATVEC[type](w, x, out)` has vkernels.MATVEC's contract: it rounds the activations x to q8
+blocks (quantize_row_q8_1) and takes the integer dots.
+Needs AVX2 and F16C (`AVAILABLE`); elsewhere ggml numerics take the float kernels over rounded
+activations, which give the same values up to float summation order.
+"""
+
+from __future__ import annotations
+
+import llvmlite.binding as llvm
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .vkernels import F32, I8, I16, I32, I64, ROWS_PER_TASK, _contiguous, as_parts, widen_halves
+
+_FEATURES = llvm.get_host_cpu_features()
+AVAILABLE = bool(_FEATURES.get("avx2", False) and _FEATURES.get("f16c", False))
+
+V8F32, V8I32 = ir.VectorType(F32, 8), ir.VectorType(I32, 8)
+V16I8, V32I8, V16I16 = ir.VectorType(I8, 16), ir.VectorType(I8, 32), ir.VectorType(I16, 16)
+
+
+def _call(builder, name: str, ret, args):
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(fn, args)
+
+
+def _bytes(value: int, ty=V32I8):
+    return ir.Constant(ty, [value] * ty.count)
+
+
+class IBlock:
+    """Emits one block of one weight row against its q8 block: `at` is the block's first weight
+    byte, `xo` its first activation code, `b` its index (for d8 and s8)."""
+
+    def __init__(self, builder: ir.IRBuilder, row, q, d8, s8, at, xo, b, acc, summs):
+        self.b, self.row, self.q, self.d8, self.s8 = builder, row, q, d8, s8
+        self.at, self.xo, self.bi, self.acc, self.summs = at, xo, b, acc, summs
+
+    def _ptr(self, base, offset, ty):
+        return self.b.bitcast(self.b.gep(base, [self.b.add(offset[0], ir.Constant(I64, offset[1]))]), ty.as_pointer())
+
+    def half(self, offset):
+        return widen_halves(self.b, self.b.load(self._ptr(self.row, (self.at, offset), I16), align=1))
+
+    def weight_bytes(self, offset, ty=V16I8):
+        return self.b.load(self._ptr(self.row, (self.at, offset), ty), align=1)
+
+    def nibbles(self, offset):
+        """The 32 4-bit codes of 16 packed bytes in ggml's order: low nibbles, then high."""
+        raw = self.weight_bytes(offset)
+        lo = self.b.and_(raw, _bytes(15, V16I8))
+        hi = self.b.lshr(raw, _bytes(4, V16I8))
+        return self.b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, 32), list(range(32))))
+
+    def fifth_bits(self, offset, codes):
+        """codes | 16 where bit j of the little-endian u32 at `offset` is set (Q5_0/Q5_1)."""
+        qh = self.b.load(self._ptr(self.row, (self.at, offset), I32), align=1)
+        mask = self.b.bitcast(qh, ir.VectorType(ir.IntType(1), 32))
+        return self.b.select(mask, self.b.or_(codes, _bytes(16)), codes)
+
+    def codes(self):
+        """The block's 32 activation codes (int8)."""
+        return self.b.load(self._ptr(self.q, (self.xo, 0), V32I8), align=1)
+
+    def lane_sums(self, unsigned, signed):
+        """8 int32 lanes, lane i the sum of products 4i..4i+3 of u8 × s8 bytes."""
+        pairs = _call(self.b, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [unsigned, signed])
+        return _call(self.b, "llvm.x86.avx2.pmadd.wd", V8I32, [pairs, ir.Constant(V16I16, [1] * 16)])
+
+    def signed_lane_sums(self, weights):
+        """lane_sums of int8 weights: |w| × (x with w's sign), as ggml's mul_sum_i8_pairs."""
+        x = self.codes()
+        magnitude = _call(self.b, "llvm.abs.v32i8", V32I8, [weights, ir.Constant(ir.IntType(1), 0)])
+        return self.lane_sums(magnitude, _call(self.b, "llvm.x86.avx2.psign.b", V32I8, [x, weights]))
+
+    def scale(self):
+        """The q8 block's f16 scale d8 (as a float)."""
+        return self.b.load(self.b.gep(self.d8, [self.bi]))
+
+    def accumulate(self, d, lanes):
+        """acc = fma(d, float(lanes), acc), d splatted over the 8 lanes."""
+        v = self.b.insert_element(ir.Constant(V8F32, ir.Undefined), d, ir.Constant(I32, 0))
+        v = self.b.shuffle_vector(v, ir.Constant(V8F32, ir.Undefined), ir.Constant(V8I32, [0] * 8))
+        total = _call(self.b, "llvm.fma.v8f32", V8F32, [v, self.b.sitofp(lanes, V8F32), self.b.load(self.acc)])
+        self.b.store(total, self.acc)
+
+    def add_offset(self, m):
+        """summs += m · s8 (Q4_1/Q5_1's block minimum times the q8_1 block's f16 sum)."""
+        s = self.b.load(self.b.gep(self.s8, [self.bi]))
+        self.b.store(_call(self.b, "llvm.fma.f32", F32, [m, s, self.b.load(self.summs)]), self.summs)
+
+
+def _hsum8(builder: ir.IRBuilder, v):
+    """ggml's hsum_float_8: high half + low half, then lanes 0+2 and 1+3, then those two."""
+    def pick(vec, idx):
+        return builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(I32, len(idx)), idx))
+    quad = builder.fadd(pick(v, [4, 5, 6, 7]), pick(v, [0, 1, 2, 3]))
+    pair = builder.fadd(quad, pick(quad, [2, 3, 2, 3]))
+    lane = builder.fadd(pair, pick(pair, [1, 1, 3, 3]))
+    return builder.extract_element(lane, ir.Constant(I32, 0))
+
+
+def row_dot_q8(block_bytes: int, emit_block):
+    """A numba intrinsic `dot(row, q, d8, s8) -> float32`: one weight row of 32-value blocks
+    against one row of q8 codes with their block scales and sums."""
+
+    @intrinsic
+    def dot(typingctx, row, q, d8, s8):
+        if not (_contiguous(row, types.uint8) and _contiguous(q, types.int8)
+                and _contiguous(d8, types.float32) and _contiguous(s8, types.float32)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            row_a, q_a, d_a, s_a = (context.make_array(t)(context, builder, a) for t, a in zip(signature.args, args))
+            n_blocks = builder.extract_value(d_a.shape, 0)
+            acc = cgutils.alloca_once_value(builder, ir.Constant(V8F32, None))
+            summs = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
+            with cgutils.for_range(builder, n_blocks) as loop:
+                at = builder.mul(loop.index, ir.Constant(I64, block_bytes))
+                xo = builder.mul(loop.index, ir.Constant(I64, 32))
+                emit_block(IBlock(builder, row_a.data, q_a.data, d_a.data, s_a.data, at, xo, loop.index, acc, summs))
+            return builder.fadd(_hsum8(builder, builder.load(acc)), builder.load(summs))
+
+        return types.float32(row, q, d8, s8), codegen
+
+    return dot
+
+
+# ---- one block of each type: ggml's vec_dot_<type>_q8_<0|1> -------------------------------------
+
+def _scaled(e: IBlock, d):
+    return e.b.fmul(d, e.scale())
+
+
+def _q4_0(e: IBlock):
+    codes = e.b.sub(e.nibbles(2), _bytes(8))
+    e.accumulate(_scaled(e, e.half(0)), e.signed_lane_sums(codes))
+
+
+def _q4_1(e: IBlock):
+    e.accumulate(_scaled(e, e.half(0)), e.lane_sums(e.nibbles(4), e.codes()))
+    e.add_offset(e.half(2))
+
+
+def _q5_0(e: IBlock):
+    codes = e.b.sub(e.fifth_bits(2, e.nibbles(6)), _bytes(16))
+    e.accumulate(_scaled(e, e.half(0)), e.signed_lane_sums(codes))
+
+
+def _q5_1(e: IBlock):
+    e.accumulate(_scaled(e, e.half(0)), e.lane_sums(e.fifth_bits(4, e.nibbles(8)), e.codes()))
+    e.add_offset(e.half(2))
+
+
+def _q8_0(e: IBlock):
+    e.accumulate(_scaled(e, e.half(0)), e.signed_lane_sums(e.weight_bytes(2, V32I8)))
+
+
+dot_q4_0 = row_dot_q8(18, _q4_0)
+dot_q4_1 = row_dot_q8(20, _q4_1)
+dot_q5_0 = row_dot_q8(22, _q5_0)
+dot_q5_1 = row_dot_q8(24, _q5_1)
+dot_q8_0 = row_dot_q8(34, _q8_0)
+
+
+@intrinsic
+def round_to_half(typingctx, x):
+    """A float32 rounded to the nearest IEEE half (to even), back as float32 (F16C)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), F32)
+
+    return types.float32(x), codegen
+
+
+@njit(inline="always")
+def quantize_q8(x, q, d, s):
+    """ggml's quantize_row_q8_1 (x86) for each row of x (n, n_in): per 32 values the codes
+    round-to-even(x · 127/amax) into q, the scale amax/127 as an f16 into d and the f16 of
+    amax/127 · Σcodes into s (as floats). No fast-math: the rounding must be IEEE's."""
+    n, n_in = x.shape
+    for i in range(n):
+        for b in range(n_in // 32):
+            amax = np.float32(0)
+            for j in range(b * 32, b * 32 + 32):
+                amax = max(amax, abs(x[i, j]))
+            scale = amax / np.float32(127)
+            inv = np.float32(127) / amax if amax != 0 else np.float32(0)
+            total = 0
+            for j in range(b * 32, b * 32 + 32):
+                code = np.int32(np.rint(x[i, j] * inv))
+                q[i, j] = code
+                total += code
+            d[i, b] = round_to_half(scale)
+            s[i, b] = round_to_half(scale * np.float32(total))
+
+
+@njit(inline="always")
+def _tasks(part):
+    return (part.shape[0] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+
+
+@njit(inline="always")
+def _matvec(w, x, out, dot):
+    """vkernels._matvec with the activations rounded to q8 blocks first (on one thread: a few
+    microseconds): stacked parts share one parallel loop."""
+    n, n_in = x.shape
+    q = np.empty((n, n_in), dtype=np.int8)
+    d = np.empty((n, n_in // 32), dtype=np.float32)
+    s = np.empty((n, n_in // 32), dtype=np.float32)
+    quantize_q8(x, q, d, s)
+    parts = as_parts(w)
+    n_tasks = 0
+    for p in range(len(parts)):
+        n_tasks += _tasks(parts[p])
+    for task in prange(n_tasks):
+        p, col = 0, 0
+        t = task + 0
+        while t >= _tasks(parts[p]):
+            t -= _tasks(parts[p])
+            col += parts[p].shape[0]
+            p += 1
+        part = parts[p]
+        r0 = t * ROWS_PER_TASK
+        for r in range(r0, min(r0 + ROWS_PER_TASK, part.shape[0])):
+            for i in range(q.shape[0]):
+                out[i, col + r] = dot(part[r], q[i], d[i], s[i])
+
+
+# numba caches top-level functions only: one per type (as in vkernels.py)
+
+@njit(parallel=True, cache=True)
+def matvec_q4_0(w, x, out):
+    _matvec(w, x, out, dot_q4_0)
+
+
+@njit(parallel=True, cache=True)
+def matvec_q4_1(w, x, out):
+    _matvec(w, x, out, dot_q4_1)
+
+
+@njit(parallel=True, cache=True)
+def matvec_q5_0(w, x, out):
+    _matvec(w, x, out, dot_q5_0)
+
+
+@njit(parallel=True, cache=True)
+def matvec_q5_1(w, x, out):
+    _matvec(w, x, out, dot_q5_1)
+
+
+@njit(parallel=True, cache=True)
+def matvec_q8_0(w, x, out):
+    _matvec(w, x, out, dot_q8_0)
+
+
+# ggml type ids
+MATVEC = {2: matvec_q4_0, 3: matvec_q4_1, 6: matvec_q5_0, 7: matvec_q5_1, 8: matvec_q8_0}
