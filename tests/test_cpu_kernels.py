@@ -248,5 +248,5 @@ def test_integer_dots_equal_the_rounded_float_product(qtype, monkeypatch):
             np.testing.assert_allclose(fast, rounded, rtol=0, atol=2e-6 * np.abs(rounded).max())
 
 
-def test_integer_dots_cover_the_32_value_block_types():
-    assert set(ikernels.MATVEC) == {int(t) for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)}
+def test_integer_dots_cover_the_types_real_models_use():
+    assert set(ikernels.MATVEC) == {int(t) for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)}

@@ -1,18 +1,21 @@
 """Integer mat-vec kernels for `--numerics ggml`: the arithmetic of ggml-cpu's x86 dot products.
 
-With ggml numerics the activations are rounded to q8 blocks before a matmul of a 32-value block
-type, as ggml-cpu does (core/quants.py). The rounded values are small integers times a block
-scale, so the dot of a block is an integer dot (exact) times the two scales. These kernels take
-it that way, as ggml's AVX2 code does: the 32 byte products of a block summed in pairs twice
-(pmaddubsw, pmaddwd) into 8 lanes, each lane converted to float and accumulated with the block's
-d·d8 by one fma, the lanes summed at the end in ggml's order (hsum_float_8), and for Q4_1/Q5_1
-the block offsets m·s8 summed apart. A Q4_1 row's dot then equals ggml_vec_dot_q4_1_q8_1 bit for
-bit, and reads four times fewer vector operations than the float kernels of vkernels.py.
+With ggml numerics the activations are rounded to q8 blocks before a matmul, as ggml-cpu does
+(core/quants.py). A rounded block is small integers times a scale, so a block's dot is an integer
+dot (exact) times the two scales, taken as ggml's AVX2 code takes it: the byte products summed in
+pairs twice (pmaddubsw, pmaddwd) into 8 lanes, each lane converted to float and accumulated with
+the block's d·d8 by one fma, the lanes summed at the end in ggml's order (hsum_float_8), and
+Q4_1/Q5_1's block offsets m·s8 summed apart; for these 32-value types that is the order of
+ggml_vec_dot_<type>_q8_<0|1>. K-quant super-blocks sum their sub-blocks' integer dots times the
+6- or 8-bit sub-block scales in integers, then take one fma with d·d8 (llama.cpp repacks Q4_K on
+AVX2 and sums in another order there: the values agree to float rounding). A block costs about a
+quarter of the vector operations of the float kernels in vkernels.py.
 
 `MATVEC[type](w, x, out)` has vkernels.MATVEC's contract: it rounds the activations x to q8
-blocks (quantize_row_q8_1) and takes the integer dots.
-Needs AVX2 and F16C (`AVAILABLE`); elsewhere ggml numerics take the float kernels over rounded
-activations, which give the same values up to float summation order.
+blocks (quantize_row_q8_1, or quantize_row_q8_K for the K-quants: 256 values, an f32 scale and
+sums of 16) and takes the integer dots. Needs AVX2 and F16C (`AVAILABLE`); elsewhere ggml
+numerics take the float kernels over rounded activations, which give the same values up to float
+summation order.
 """
 
 from __future__ import annotations
@@ -177,6 +180,134 @@ dot_q5_1 = row_dot_q8(24, _q5_1)
 dot_q8_0 = row_dot_q8(34, _q8_0)
 
 
+# ---- K-quants against q8_K blocks -----------------------------------------------------------------
+
+class KBlock(IBlock):
+    """A K-quant super-block (256 values) against a q8_K block: integer lanes scaled by the
+    sub-block scales in `isum`, the mins (or Q6_K's bias) in the integer scalar `imin`; `finish`
+    turns them into floats with the block scales."""
+
+    def __init__(self, builder, row, q, d8, bsums, at, xo, b, acc, summs):
+        super().__init__(builder, row, q, d8, None, at, xo, b, acc, summs)
+        self.bsums = bsums
+        self.isum = cgutils.alloca_once_value(builder, ir.Constant(V8I32, None))
+        self.imin = cgutils.alloca_once_value(builder, ir.Constant(I32, 0))
+
+    def byte(self, offset):
+        return self.b.zext(self.b.load(self._ptr(self.row, (self.at, offset), I8)), I32)
+
+    def codes_at(self, value):
+        """The 32 activation codes from value `value` of the block."""
+        return self.b.load(self._ptr(self.q, (self.xo, value), V32I8), align=1)
+
+    def bsum(self, group):
+        """The sum of the block's activation codes group*16 .. group*16 + 15."""
+        return self.b.load(self.b.gep(self.bsums, [self.b.add(self.b.mul(self.bi, ir.Constant(I64, 16)),
+                                                              ir.Constant(I64, group))]))
+
+    def add_scaled(self, lanes, scales):
+        """isum += lanes * scales (an i32, or 8 of them)."""
+        if not isinstance(scales.type, ir.VectorType):
+            v = self.b.insert_element(ir.Constant(V8I32, ir.Undefined), scales, ir.Constant(I32, 0))
+            scales = self.b.shuffle_vector(v, ir.Constant(V8I32, ir.Undefined), ir.Constant(V8I32, [0] * 8))
+        self.b.store(self.b.add(self.b.load(self.isum), self.b.mul(lanes, scales)), self.isum)
+
+    def add_min(self, value):
+        self.b.store(self.b.add(self.b.load(self.imin), value), self.imin)
+
+    def finish(self, d, dmin):
+        """acc += d·d8 · isum; summs += dmin·d8 · imin."""
+        d8 = self.scale()
+        self.accumulate(self.b.fmul(d8, d), self.b.load(self.isum))
+        term = self.b.sitofp(self.b.load(self.imin), F32)
+        self.b.store(_call(self.b, "llvm.fma.f32", F32, [self.b.fmul(d8, dmin), term, self.b.load(self.summs)]),
+                     self.summs)
+
+
+def row_dot_q8_k(block_bytes: int, emit_block):
+    """A numba intrinsic `dot(row, q, d8, bsums) -> float32` for a K-quant row against q8_K codes."""
+
+    @intrinsic
+    def dot(typingctx, row, q, d8, bsums):
+        if not (_contiguous(row, types.uint8) and _contiguous(q, types.int8)
+                and _contiguous(d8, types.float32) and _contiguous(bsums, types.int32)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            row_a, q_a, d_a, b_a = (context.make_array(t)(context, builder, a) for t, a in zip(signature.args, args))
+            n_blocks = builder.extract_value(d_a.shape, 0)
+            acc = cgutils.alloca_once_value(builder, ir.Constant(V8F32, None))
+            summs = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
+            with cgutils.for_range(builder, n_blocks) as loop:
+                at = builder.mul(loop.index, ir.Constant(I64, block_bytes))
+                xo = builder.mul(loop.index, ir.Constant(I64, 256))
+                emit_block(KBlock(builder, row_a.data, q_a.data, d_a.data, b_a.data, at, xo, loop.index, acc, summs))
+            return builder.fadd(_hsum8(builder, builder.load(acc)), builder.load(summs))
+
+        return types.float32(row, q, d8, bsums), codegen
+
+    return dot
+
+
+def _k_scale_min(e: KBlock, j: int):
+    """Sub-block j's 6-bit scale and min from Q4_K/Q5_K's 12 packed bytes at offset 4 (i32s)."""
+    b, c = e.b, (lambda v: ir.Constant(I32, v))
+    if j < 4:
+        return b.and_(e.byte(4 + j), c(63)), b.and_(e.byte(8 + j), c(63))
+    high = e.byte(8 + j)
+    sc = b.or_(b.and_(high, c(15)), b.shl(b.lshr(e.byte(j), c(6)), c(4)))
+    mn = b.or_(b.lshr(high, c(4)), b.shl(b.lshr(e.byte(4 + j), c(6)), c(4)))
+    return sc, mn
+
+
+def _k_sub_blocks(e: KBlock, qh_at: int | None):
+    """Q4_K/Q5_K: value = d·sc·q − dmin·m per sub-block of 32, q from nibbles (and a fifth bit)."""
+    b = e.b
+    for j in range(8):
+        sc, mn = _k_scale_min(e, j)
+        raw = e.weight_bytes(16 + 32 * (j // 2) + (0 if qh_at is None else 32), V32I8)
+        codes = b.and_(b.lshr(raw, _bytes(4 * (j % 2))), _bytes(15))
+        if qh_at is not None:
+            high = b.and_(b.lshr(e.weight_bytes(qh_at, V32I8), _bytes(j)), _bytes(1))
+            codes = b.or_(codes, b.shl(high, _bytes(4)))
+        e.add_scaled(e.lane_sums(codes, e.codes_at(32 * j)), sc)
+        e.add_min(b.mul(mn, b.add(e.bsum(2 * j), e.bsum(2 * j + 1))))
+    e.finish(e.half(0), e.b.fneg(e.half(2)))
+
+
+def _q4_k(e: KBlock):
+    _k_sub_blocks(e, None)
+
+
+def _q5_k(e: KBlock):
+    _k_sub_blocks(e, 16)
+
+
+def _q6_k(e: KBlock):
+    """Two halves of 128 values; 16 values share an int8 scale; q = 6-bit code − 32, the −32 taken
+    through the activation sums."""
+    b = e.b
+    for n in range(2):
+        for k in range(4):
+            low = b.and_(b.lshr(e.weight_bytes(64 * n + 32 * (k % 2), V32I8), _bytes(4 * (k // 2))), _bytes(15))
+            high = b.shl(b.and_(b.lshr(e.weight_bytes(128 + 32 * n, V32I8), _bytes(2 * k)), _bytes(3)), _bytes(4))
+            lanes = e.lane_sums(b.or_(low, high), e.codes_at(128 * n + 32 * k))
+            scales = [b.sext(b.load(e._ptr(e.row, (e.at, 192 + 8 * n + 2 * k + h), I8)), I32) for h in (0, 1)]
+            vec = ir.Constant(V8I32, ir.Undefined)
+            for lane in range(8):
+                vec = b.insert_element(vec, scales[lane // 4], ir.Constant(I32, lane))
+            e.add_scaled(lanes, vec)
+            for h in (0, 1):
+                e.add_min(b.mul(b.mul(scales[h], ir.Constant(I32, -32)), e.bsum(8 * n + 2 * k + h)))
+    d = e.half(208)
+    e.finish(d, d)
+
+
+dot_q4_k = row_dot_q8_k(144, _q4_k)
+dot_q5_k = row_dot_q8_k(176, _q5_k)
+dot_q6_k = row_dot_q8_k(210, _q6_k)
+
+
 @intrinsic
 def round_to_half(typingctx, x):
     """A float32 rounded to the nearest IEEE half (to even), back as float32 (F16C)."""
@@ -212,6 +343,29 @@ def quantize_q8(x, q, d, s):
 
 
 @njit(inline="always")
+def quantize_q8_k(x, q, d, bsums):
+    """ggml's quantize_row_q8_K: per 256 values, the value of largest magnitude (the first such)
+    sets iscale = −127/max, codes min(127, round-to-even(iscale·x)), the f32 scale 1/iscale, and
+    the sums of each 16 codes."""
+    n, n_in = x.shape
+    for i in range(n):
+        for b in range(n_in // 256):
+            amax, signed = np.float32(0), np.float32(0)
+            for j in range(b * 256, b * 256 + 256):
+                if abs(x[i, j]) > amax:
+                    amax, signed = abs(x[i, j]), x[i, j]
+            iscale = np.float32(-127) / signed if amax != 0 else np.float32(0)
+            d[i, b] = np.float32(1) / iscale if amax != 0 else np.float32(0)
+            for g in range(16):
+                total = 0
+                for j in range(b * 256 + g * 16, b * 256 + g * 16 + 16):
+                    code = min(np.int32(127), np.int32(np.rint(iscale * x[i, j])))
+                    q[i, j] = code
+                    total += code
+                bsums[i, b * 16 + g] = total
+
+
+@njit(inline="always")
 def _tasks(part):
     return (part.shape[0] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
 
@@ -225,6 +379,22 @@ def _matvec(w, x, out, dot):
     d = np.empty((n, n_in // 32), dtype=np.float32)
     s = np.empty((n, n_in // 32), dtype=np.float32)
     quantize_q8(x, q, d, s)
+    _rows(w, q, d, s, out, dot)
+
+
+@njit(inline="always")
+def _matvec_k(w, x, out, dot):
+    """_matvec for K-quants: q8_K codes, an f32 scale per 256 values and sums of 16."""
+    n, n_in = x.shape
+    q = np.empty((n, n_in), dtype=np.int8)
+    d = np.empty((n, n_in // 256), dtype=np.float32)
+    bsums = np.empty((n, n_in // 16), dtype=np.int32)
+    quantize_q8_k(x, q, d, bsums)
+    _rows(w, q, d, bsums, out, dot)
+
+
+@njit(inline="always")
+def _rows(w, q, d, extra, out, dot):
     parts = as_parts(w)
     n_tasks = 0
     for p in range(len(parts)):
@@ -240,7 +410,7 @@ def _matvec(w, x, out, dot):
         r0 = t * ROWS_PER_TASK
         for r in range(r0, min(r0 + ROWS_PER_TASK, part.shape[0])):
             for i in range(q.shape[0]):
-                out[i, col + r] = dot(part[r], q[i], d[i], s[i])
+                out[i, col + r] = dot(part[r], q[i], d[i], extra[i])
 
 
 # numba caches top-level functions only: one per type (as in vkernels.py)
@@ -270,5 +440,21 @@ def matvec_q8_0(w, x, out):
     _matvec(w, x, out, dot_q8_0)
 
 
+@njit(parallel=True, cache=True)
+def matvec_q4_k(w, x, out):
+    _matvec_k(w, x, out, dot_q4_k)
+
+
+@njit(parallel=True, cache=True)
+def matvec_q5_k(w, x, out):
+    _matvec_k(w, x, out, dot_q5_k)
+
+
+@njit(parallel=True, cache=True)
+def matvec_q6_k(w, x, out):
+    _matvec_k(w, x, out, dot_q6_k)
+
+
 # ggml type ids
-MATVEC = {2: matvec_q4_0, 3: matvec_q4_1, 6: matvec_q5_0, 7: matvec_q5_1, 8: matvec_q8_0}
+MATVEC = {2: matvec_q4_0, 3: matvec_q4_1, 6: matvec_q5_0, 7: matvec_q5_1, 8: matvec_q8_0,
+          12: matvec_q4_k, 13: matvec_q5_k, 14: matvec_q6_k}
