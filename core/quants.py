@@ -250,25 +250,33 @@ def _as_bf16(x: np.ndarray) -> np.ndarray:
     return rounded.view(np.float32)
 
 
+QUANT_32_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)  # their activations: q8_0/q8_1 blocks of 32
+QUANT_K_TYPES = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K)  # q8_K blocks of 256
+
 _ACTIVATION_ROUNDING = {
     T.F16: lambda x: x.astype(np.float16).astype(np.float32),
     T.BF16: _as_bf16,
-    **{t: _as_q8_32 for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)},
-    **{t: _as_q8_k for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K)},
+    **{t: _as_q8_32 for t in QUANT_32_TYPES},
+    **{t: _as_q8_k for t in QUANT_K_TYPES},
 }
 
 
-def q8_1_sum_correction(x: np.ndarray, raw: np.ndarray, weight_type: int) -> np.ndarray | None:
-    """What ggml's Q4_1/Q5_1 dot adds beyond the product of the rounded activations and the
-    weights, (n, n_out): a q8_1 block keeps s = d·Σq rounded to f16, and the dot takes the
-    block offset as m·s, where the rounded activations give m·f16(d)·Σq. None for other types."""
-    if T(int(weight_type)) not in (T.Q4_1, T.Q5_1):
-        return None
-    _, type_size = GGML_QUANT_SIZES[T(int(weight_type))]
-    mins = raw.reshape(len(raw), -1, type_size)[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+Q8_1_OFFSET_TYPES = (T.Q4_1, T.Q5_1)  # weights whose dot takes the q8_1 block sums: m·s8
+
+
+def q8_1_offset_error(x: np.ndarray) -> np.ndarray:
+    """(n, n_in // 32): what a Q4_1/Q5_1 dot adds, per unit of block minimum, beyond the product
+    of the rounded activations and the weights: a q8_1 block keeps s = d·Σq rounded to f16, and
+    the dot takes the offset as m·s, where the rounded activations give m·f16(d)·Σq."""
     q, d = _q8_32_blocks(np.ascontiguousarray(x, dtype=np.float32))
     sums, d = q.sum(axis=-1), d[..., 0]
-    return (_round_f16(d * sums) - _round_f16(d) * sums) @ mins.T
+    return _round_f16(d * sums) - _round_f16(d) * sums
+
+
+def block_mins(raw: np.ndarray, weight_type: int) -> np.ndarray:
+    """A Q4_1/Q5_1 weight's block minimums m, (n_out, n_in // 32) floats."""
+    _, type_size = GGML_QUANT_SIZES[T(int(weight_type))]
+    return raw.reshape(len(raw), -1, type_size)[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
 
 
 def ggml_activations(x: np.ndarray, weight_type: int) -> np.ndarray:

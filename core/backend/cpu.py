@@ -14,7 +14,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..errors import LLMError
-from ..quants import dequantize, ggml_activations, q8_1_sum_correction, quantize_rows
+from ..quants import (Q8_1_OFFSET_TYPES, QUANT_32_TYPES, QUANT_K_TYPES, block_mins, dequantize, ggml_activations,
+                      q8_1_offset_error, quantize_rows)
 from .algebra import ArrayAlgebra
 from .weights import BlockRows, QuantWeight
 
@@ -217,14 +218,35 @@ class CPUBackend(ArrayAlgebra):
         if self.numerics == "ggml":
             if len(x) <= FUSED_MAX_ROWS and self._integer_dots(w):
                 return self._matmul_q8(x, w, out)
+            rounded: dict = {}
             for part, col in w.spans():  # each part's activations rounded for its own type
                 target = out[:, col:col + part.n_out]
-                self._matmul_quant(ggml_activations(x, part.qtype), QuantWeight((part,), w.n_in), target)
-                correction = q8_1_sum_correction(x, part.raw, part.qtype)
-                if correction is not None:
-                    target += correction
+                x_type, offset_error = self._ggml_rounded(x, part.qtype, rounded)
+                self._matmul_quant(x_type, QuantWeight((part,), w.n_in), target)
+                if part.qtype in Q8_1_OFFSET_TYPES:
+                    target += offset_error @ block_mins(part.raw, part.qtype).T
             return out
         return self._matmul_quant(x, w, out)
+
+    @staticmethod
+    def _ggml_rounded(x: np.ndarray, qtype: int, done: dict) -> tuple[np.ndarray, np.ndarray | None]:
+        """x rounded as ggml-cpu rounds it for a `qtype` weight, and for q8_1 the offset error of
+        q8_1_offset_error; `done` keeps what a stacked weight's earlier parts rounded. Many rows
+        round in parallel numba (ikernels) where the integer dots run, in NumPy elsewhere."""
+        family = ("q8_32" if qtype in QUANT_32_TYPES else "q8_k" if qtype in QUANT_K_TYPES else qtype)
+        if family not in done:
+            kernels = ikernels()
+            if kernels.AVAILABLE and family == "q8_32":
+                rounded, error = np.empty_like(x), np.empty((len(x), x.shape[1] // 32), np.float32)
+                kernels.round_q8_rows(x, rounded, error)
+            elif kernels.AVAILABLE and family == "q8_k":
+                rounded, error = np.empty_like(x), None
+                kernels.round_q8_k_rows(x, rounded)
+            else:
+                rounded = ggml_activations(x, qtype)
+                error = q8_1_offset_error(x) if family == "q8_32" else None
+            done[family] = rounded, error
+        return done[family]
 
     @staticmethod
     def _integer_dots(w: QuantWeight) -> bool:

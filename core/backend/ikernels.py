@@ -365,6 +365,39 @@ def quantize_q8_k(x, q, d, bsums):
                 bsums[i, b * 16 + g] = total
 
 
+@njit(cache=True)
+def round_q8_rows(x, out, offset_error):
+    """Many rows (a prompt): x rounded to q8_0/q8_1 blocks as floats (code · f16 scale) into out,
+    and per block f16(d·Σq) − f16(d)·Σq into offset_error (what Q4_1/Q5_1's m·s8 adds beyond the
+    rounded values). The products then go to BLAS: one thread, as the weight tiles (numba's
+    spinning workers would slow BLAS's)."""
+    n, n_in = x.shape
+    for i in range(n):
+        q = np.empty((1, n_in), dtype=np.int8)
+        d = np.empty((1, n_in // 32), dtype=np.float32)
+        s = np.empty((1, n_in // 32), dtype=np.float32)
+        quantize_q8(x[i:i + 1], q, d, s)
+        for b in range(n_in // 32):
+            total = 0
+            for j in range(b * 32, b * 32 + 32):
+                out[i, j] = np.float32(q[0, j]) * d[0, b]
+                total += q[0, j]
+            offset_error[i, b] = s[0, b] - d[0, b] * np.float32(total)
+
+
+@njit(cache=True)
+def round_q8_k_rows(x, out):
+    """Many rows: x rounded to q8_K blocks as floats (code · scale) into out (one thread)."""
+    n, n_in = x.shape
+    for i in range(n):
+        q = np.empty((1, n_in), dtype=np.int8)
+        d = np.empty((1, n_in // 256), dtype=np.float32)
+        bsums = np.empty((1, n_in // 16), dtype=np.int32)
+        quantize_q8_k(x[i:i + 1], q, d, bsums)
+        for j in range(n_in):
+            out[i, j] = np.float32(q[0, j]) * d[0, j // 256]
+
+
 @njit(inline="always")
 def _tasks(part):
     return (part.shape[0] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
