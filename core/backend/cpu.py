@@ -14,8 +14,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..errors import LLMError
-from ..quants import (Q8_1_OFFSET_TYPES, QUANT_32_TYPES, QUANT_K_TYPES, block_mins, dequantize, ggml_activations,
-                      q8_1_offset_error, quantize_rows)
+from ..quants import (Q8_1_OFFSET_TYPES, QUANT_32_TYPES, QUANT_K_TYPES, dequantize, ggml_activations, q8_1_offset_error,
+                      quantize_rows)
 from .algebra import ArrayAlgebra
 from .weights import BlockRows, QuantWeight
 
@@ -219,12 +219,18 @@ class CPUBackend(ArrayAlgebra):
             if len(x) <= FUSED_MAX_ROWS and self._integer_dots(w):
                 return self._matmul_q8(x, w, out)
             rounded: dict = {}
+            if len({rounding_family(part.qtype) for part, _ in w.spans()}) == 1:  # one product, as f32 takes it
+                x_type, offset_error = self._ggml_rounded(x, w.parts[0].qtype, rounded)
+                self._matmul_quant(x_type, w, out)
+                if any(part.qtype in Q8_1_OFFSET_TYPES for part in w.parts):
+                    out += offset_error @ w.block_mins  # (stored transposed: n_in // 32, n_out)
+                return out
             for part, col in w.spans():  # each part's activations rounded for its own type
                 target = out[:, col:col + part.n_out]
                 x_type, offset_error = self._ggml_rounded(x, part.qtype, rounded)
                 self._matmul_quant(x_type, QuantWeight((part,), w.n_in), target)
                 if part.qtype in Q8_1_OFFSET_TYPES:
-                    target += offset_error @ block_mins(part.raw, part.qtype).T
+                    target += offset_error @ part.block_mins.T
             return out
         return self._matmul_quant(x, w, out)
 
@@ -233,7 +239,7 @@ class CPUBackend(ArrayAlgebra):
         """x rounded as ggml-cpu rounds it for a `qtype` weight, and for q8_1 the offset error of
         q8_1_offset_error; `done` keeps what a stacked weight's earlier parts rounded. Many rows
         round in parallel numba (ikernels) where the integer dots run, in NumPy elsewhere."""
-        family = ("q8_32" if qtype in QUANT_32_TYPES else "q8_k" if qtype in QUANT_K_TYPES else qtype)
+        family = rounding_family(qtype)
         if family not in done:
             kernels = ikernels()
             if kernels.AVAILABLE and family == "q8_32":
@@ -613,6 +619,12 @@ def qkernels():
 
 def akernels():
     return _kernel_module("akernels", "attention")
+
+
+def rounding_family(qtype: int):
+    """Which rounding ggml-cpu gives the activations of a `qtype` weight: q8 blocks of 32, q8_K
+    blocks of 256, or one of its own (f16, bf16, none)."""
+    return "q8_32" if qtype in QUANT_32_TYPES else "q8_k" if qtype in QUANT_K_TYPES else qtype
 
 
 def ikernels():

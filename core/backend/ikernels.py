@@ -15,7 +15,8 @@ quarter of the vector operations of the float kernels in vkernels.py.
 blocks (quantize_row_q8_1, or quantize_row_q8_K for the K-quants: 256 values, an f32 scale and
 sums of 16) and takes the integer dots. Needs AVX2 and F16C (`AVAILABLE`); elsewhere ggml
 numerics take the float kernels over rounded activations, which give the same values up to float
-summation order.
+summation order. The IR helpers come from vkernels.py; numba's disk cache only notices edits to
+this file, so clear __pycache__ after editing those.
 """
 
 from __future__ import annotations

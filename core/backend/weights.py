@@ -9,9 +9,12 @@ are the only copy of the weights in memory.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from ..quants import Q8_1_OFFSET_TYPES, block_mins
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,15 @@ class WeightPart:
     raw: np.ndarray  # (n_out, row_bytes) uint8
     qtype: int
     n_out: int
+
+    @cached_property
+    def block_mins(self) -> np.ndarray:
+        """The block minimums (n_out, n_in // 32) as floats of a Q4_1/Q5_1 part, zeros for other
+        32-value types: read once (ggml numerics' q8_1 sum term needs them on every prompt matmul)."""
+        if self.qtype in Q8_1_OFFSET_TYPES:
+            return block_mins(self.raw, self.qtype)
+        return np.zeros((self.n_out, self.raw.shape[1] // GGML_QUANT_SIZES[GGMLQuantizationType(self.qtype)][1]),
+                        dtype=np.float32)
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,11 @@ class QuantWeight:
             else:
                 runs.append((part.qtype, (part.raw,), col, col + part.n_out))
         object.__setattr__(self, "_runs", tuple(runs))
+
+    @cached_property
+    def block_mins(self) -> np.ndarray:
+        """The parts' block minimums stacked (n_out, n_in // 32): see WeightPart.block_mins."""
+        return np.ascontiguousarray(np.concatenate([p.block_mins for p in self.parts]).T)
 
     @property
     def shape(self) -> tuple[int, int]:
