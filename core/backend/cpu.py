@@ -221,9 +221,13 @@ class CPUBackend(ArrayAlgebra):
             rounded: dict = {}
             if len({rounding_family(part.qtype) for part, _ in w.spans()}) == 1:  # one product, as f32 takes it
                 x_type, offset_error = self._ggml_rounded(x, w.parts[0].qtype, rounded)
+                if not any(part.qtype in Q8_1_OFFSET_TYPES for part in w.parts):
+                    return self._matmul_quant(x_type, w, out)
+                if len(x) > FUSED_MAX_ROWS:  # the sum term added tile by tile, while the tile's outputs are in cache
+                    self._tiled_matmul(qkernels(), w, x_type, out, offset_error)
+                    return out
                 self._matmul_quant(x_type, w, out)
-                if any(part.qtype in Q8_1_OFFSET_TYPES for part in w.parts):
-                    out += offset_error @ w.block_mins  # (stored transposed: n_in // 32, n_out)
+                out += offset_error @ w.block_mins  # (stored transposed: n_in // 32, n_out)
                 return out
             for part, col in w.spans():  # each part's activations rounded for its own type
                 target = out[:, col:col + part.n_out]
@@ -287,11 +291,13 @@ class CPUBackend(ArrayAlgebra):
                     col += len(raw)
         return out
 
-    def _tiled_matmul(self, kernels, w: QuantWeight, x: np.ndarray, out: np.ndarray) -> None:
+    def _tiled_matmul(self, kernels, w: QuantWeight, x: np.ndarray, out: np.ndarray,
+                      offset_error: np.ndarray | None = None) -> None:
         """Many activation rows: dequantize TILE_ROWS weight rows at a time (across parts) into
         one reused buffer and let BLAS multiply. Measured faster here than any fused kernel once
         the rows amortize the tile; the dequantization runs on one thread, so numba's workers do
-        not spin against BLAS's."""
+        not spin against BLAS's. `offset_error` (ggml numerics, Q4_1/Q5_1): each tile's outputs
+        also get offset_error times the tile rows' block minimums."""
         n_out = w.shape[0]
         for r0 in range(0, n_out, TILE_ROWS):
             r1 = min(r0 + TILE_ROWS, n_out)
@@ -305,6 +311,8 @@ class CPUBackend(ArrayAlgebra):
                 np.matmul(x, tile.T, out=target)
             else:  # BLAS writes contiguous rows; numpy would loop slowly into a strided out
                 target[:] = np.matmul(x, tile.T, out=self._buffer("tile_out", (len(x), r1 - r0)))
+            if offset_error is not None:
+                target += offset_error @ w.block_mins[:, r0:r1]
 
     def mul_mat(self, raw_w: np.ndarray, w_type, shape: tuple[int, int], x: np.ndarray) -> np.ndarray:
         """x @ W.T for a weight given as raw GGUF data of any type."""
