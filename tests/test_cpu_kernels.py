@@ -265,3 +265,16 @@ def test_prompt_rows_round_in_numba_exactly_as_in_numpy(name, monkeypatch):
     fast = ggml.matmul(x, w)
     monkeypatch.setattr(ikernels, "AVAILABLE", False)
     np.testing.assert_array_equal(fast, ggml.matmul(x, w))
+
+
+def test_ggml_numerics_take_gelu_from_the_f16_table():
+    """ggml-cpu's GELU for float32 rows (GGML_GELU_FP16): the f16 table at x rounded to f16, 0 at
+    x <= -10 and x at x >= 10; f32 numerics compute the formula."""
+    x = np.array([-12.0, -10.0, -3.3, -0.0, 1e-3, 0.7, 2.71828, 9.99, 10.0, 30.0], dtype=np.float32)
+    x16 = x.astype(np.float16).astype(np.float32)
+    formula = 0.5 * x16 * (1 + np.tanh(np.float32(0.7978845608028654) * x16 * (1 + np.float32(0.044715) * x16 * x16)))
+    want = np.where(x <= -10, 0, np.where(x >= 10, x, formula.astype(np.float16).astype(np.float32)))
+    np.testing.assert_array_equal(CPUBackend(numerics="ggml").gelu(x), want)
+    assert not np.array_equal(CPUBackend().gelu(x), want)
+    h = np.concatenate([x, np.full_like(x, 2.0)])[None, :]
+    np.testing.assert_array_equal(CPUBackend(numerics="ggml").gated_ffn(h, "geglu")[0], want * 2)

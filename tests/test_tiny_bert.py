@@ -53,8 +53,9 @@ def test_sequences_in_one_batch_equal_each_alone():
         np.testing.assert_allclose(ctx.get_embeddings_seq(i), alone[i], atol=1e-5, rtol=0)
 
 
-# per token (not averaged): measured max |Δ| 1.7e-2 with float32 activations, 8.2e-3 with ggml's
-@pytest.mark.parametrize("numerics,tolerance", [("f32", 2e-2), ("ggml", 1e-2)])
+# per token (not averaged): measured max |Δ| 1.7e-2 with float32 activations, 1.04e-2 with ggml's
+# (8.2e-3 before ggml numerics took GELU from ggml-cpu's f16 table: the pooled figure stayed 1.8e-3)
+@pytest.mark.parametrize("numerics,tolerance", [("f32", 2e-2), ("ggml", 1.5e-2)])
 def test_per_token_embeddings_match_llama_cpp(numerics, tolerance):
     ref, ctx = reference(), encoder(pooling="none", numerics=numerics)
     for seq, expected in zip(ref["seqs"], ref["token_embeddings"]["per_seq"]):

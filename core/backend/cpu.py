@@ -368,9 +368,10 @@ class CPUBackend(ArrayAlgebra):
     def silu(x: np.ndarray) -> np.ndarray:
         return x / (1.0 + np.exp(-x))
 
-    @staticmethod
-    def gelu(x: np.ndarray) -> np.ndarray:
-        """GELU, tanh approximation (ggml's GELU)."""
+    def gelu(self, x: np.ndarray) -> np.ndarray:
+        """GELU, tanh approximation (ggml's GELU); with ggml numerics through ggml-cpu's f16 table."""
+        if self.numerics == "ggml":
+            return ggml_gelu(x)
         inner = SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)
         return 0.5 * x * (1.0 + np.tanh(inner))
 
@@ -386,7 +387,8 @@ class CPUBackend(ArrayAlgebra):
         prompt sizes. Other activations, dtypes or layouts take the NumPy path."""
         n_ff = h.shape[-1] // 2
         kernel = GATED_KERNELS.get(act)
-        if kernel is None or h.dtype != np.float32 or not h.flags.c_contiguous:
+        if kernel is None or h.dtype != np.float32 or not h.flags.c_contiguous or \
+                (act == "geglu" and self.numerics == "ggml"):
             return getattr(self, act)(h[:, :n_ff], h[:, n_ff:])
         out = np.empty((len(h), n_ff), dtype=np.float32)
         getattr(akernels(), kernel + serial_suffix(len(h)))(h, out)
@@ -627,6 +629,26 @@ def qkernels():
 
 def akernels():
     return _kernel_module("akernels", "attention")
+
+
+@lru_cache(maxsize=1)
+def _gelu_f16_table() -> np.ndarray:
+    """ggml-cpu's GELU table (GGML_GELU_FP16): the GELU of every f16 value, taken in float32 as
+    ggml_gelu_f32 takes it, rounded to f16 (as float32, indexed by the f16 bits)."""
+    x = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    with np.errstate(all="ignore"):  # nan and inf bit patterns: never looked up in range
+        inner = np.float32(SQRT_2_OVER_PI) * x * (np.float32(1) + np.float32(GELU_COEF_A) * x * x)
+        gelu = np.float32(0.5) * x * (np.float32(1) + np.tanh(inner))
+    return gelu.astype(np.float16).astype(np.float32)
+
+
+def ggml_gelu(x: np.ndarray) -> np.ndarray:
+    """GELU as ggml-cpu takes it for float32 rows: the table at x rounded to f16 for −10 < x < 10,
+    0 below and x above."""
+    x = np.asarray(x, dtype=np.float32)
+    with np.errstate(over="ignore"):  # beyond f16's range the table is not used
+        table = _gelu_f16_table()[x.astype(np.float16).view(np.uint16)]
+    return np.where(x <= -10, np.float32(0), np.where(x >= 10, x, table))
 
 
 def rounding_family(qtype: int):
