@@ -28,7 +28,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .vkernels import F32, I8, I16, I32, I64, ROWS_PER_TASK, _contiguous, as_parts, widen_halves
+from .vkernels import F32, I8, I16, I32, I64, ROWS_PER_TASK, _contiguous, _tasks, as_parts, widen_halves
 
 _FEATURES = llvm.get_host_cpu_features()
 AVAILABLE = bool(_FEATURES.get("avx2", False) and _FEATURES.get("f16c", False))
@@ -118,14 +118,15 @@ def _hsum8(builder: ir.IRBuilder, v):
     return builder.extract_element(lane, ir.Constant(I32, 0))
 
 
-def row_dot_q8(block_bytes: int, emit_block):
-    """A numba intrinsic `dot(row, q, d8, s8) -> float32`: one weight row of 32-value blocks
-    against one row of q8 codes with their block scales and sums."""
+def row_dot_q8(block_bytes: int, emit_block, block_values: int = 32, block=IBlock, extra=types.float32):
+    """A numba intrinsic `dot(row, q, d8, sums) -> float32`: one weight row against one row of q8
+    codes with their block scales and sums: q8_0/q8_1 blocks of 32 with f32 block sums, or (K-quants)
+    q8_K blocks of 256 with int32 sums of 16. `emit_block(block(...))` emits one weight block."""
 
     @intrinsic
-    def dot(typingctx, row, q, d8, s8):
+    def dot(typingctx, row, q, d8, sums):
         if not (_contiguous(row, types.uint8) and _contiguous(q, types.int8)
-                and _contiguous(d8, types.float32) and _contiguous(s8, types.float32)):
+                and _contiguous(d8, types.float32) and _contiguous(sums, extra)):
             return None
 
         def codegen(context, builder, signature, args):
@@ -135,11 +136,11 @@ def row_dot_q8(block_bytes: int, emit_block):
             summs = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
             with cgutils.for_range(builder, n_blocks) as loop:
                 at = builder.mul(loop.index, ir.Constant(I64, block_bytes))
-                xo = builder.mul(loop.index, ir.Constant(I64, 32))
-                emit_block(IBlock(builder, row_a.data, q_a.data, d_a.data, s_a.data, at, xo, loop.index, acc, summs))
+                xo = builder.mul(loop.index, ir.Constant(I64, block_values))
+                emit_block(block(builder, row_a.data, q_a.data, d_a.data, s_a.data, at, xo, loop.index, acc, summs))
             return builder.fadd(_hsum8(builder, builder.load(acc)), builder.load(summs))
 
-        return types.float32(row, q, d8, s8), codegen
+        return types.float32(row, q, d8, sums), codegen
 
     return dot
 
@@ -226,28 +227,8 @@ class KBlock(IBlock):
 
 
 def row_dot_q8_k(block_bytes: int, emit_block):
-    """A numba intrinsic `dot(row, q, d8, bsums) -> float32` for a K-quant row against q8_K codes."""
-
-    @intrinsic
-    def dot(typingctx, row, q, d8, bsums):
-        if not (_contiguous(row, types.uint8) and _contiguous(q, types.int8)
-                and _contiguous(d8, types.float32) and _contiguous(bsums, types.int32)):
-            return None
-
-        def codegen(context, builder, signature, args):
-            row_a, q_a, d_a, b_a = (context.make_array(t)(context, builder, a) for t, a in zip(signature.args, args))
-            n_blocks = builder.extract_value(d_a.shape, 0)
-            acc = cgutils.alloca_once_value(builder, ir.Constant(V8F32, None))
-            summs = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
-            with cgutils.for_range(builder, n_blocks) as loop:
-                at = builder.mul(loop.index, ir.Constant(I64, block_bytes))
-                xo = builder.mul(loop.index, ir.Constant(I64, 256))
-                emit_block(KBlock(builder, row_a.data, q_a.data, d_a.data, b_a.data, at, xo, loop.index, acc, summs))
-            return builder.fadd(_hsum8(builder, builder.load(acc)), builder.load(summs))
-
-        return types.float32(row, q, d8, bsums), codegen
-
-    return dot
+    """row_dot_q8 for a K-quant row against q8_K codes."""
+    return row_dot_q8(block_bytes, emit_block, 256, KBlock, types.int32)
 
 
 def _k_scale_min(e: KBlock, j: int):
@@ -400,11 +381,6 @@ def round_q8_k_rows(x, out):
 
 
 @njit(inline="always")
-def _tasks(part):
-    return (part.shape[0] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
-
-
-@njit(inline="always")
 def _matvec(w, x, out, dot):
     """vkernels._matvec with the activations rounded to q8 blocks first (on one thread: a few
     microseconds): stacked parts share one parallel loop."""
@@ -429,6 +405,8 @@ def _matvec_k(w, x, out, dot):
 
 @njit(inline="always")
 def _rows(w, q, d, extra, out, dot):
+    """vkernels._matvec's loop over the weight's rows, with the 4-argument dot of q8 codes (numba
+    takes no function of either arity in place of the other, hence the copy)."""
     parts = as_parts(w)
     n_tasks = 0
     for p in range(len(parts)):
