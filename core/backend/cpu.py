@@ -216,33 +216,39 @@ class CPUBackend(ArrayAlgebra):
         if out is None:
             out = np.empty((len(x), w.shape[0]), dtype=np.float32)
         if self.numerics == "ggml":
-            if len(x) <= FUSED_MAX_ROWS and self._integer_dots(w):
-                return self._matmul_q8(x, w, out)
-            rounded: dict = {}
-            if len({rounding_family(part.qtype) for part, _ in w.spans()}) == 1:  # one product, as f32 takes it
-                x_type, offset_error = self._ggml_rounded(x, w.parts[0].qtype, rounded)
-                if not any(part.qtype in Q8_1_OFFSET_TYPES for part in w.parts):
-                    return self._matmul_quant(x_type, w, out)
-                if len(x) > FUSED_MAX_ROWS:  # the sum term added tile by tile, while the tile's outputs are in cache
-                    self._tiled_matmul(qkernels(), w, x_type, out, offset_error)
-                    return out
-                self._matmul_quant(x_type, w, out)
-                out += offset_error @ w.block_mins  # (stored transposed: n_in // 32, n_out)
-                return out
-            for part, col in w.spans():  # each part's activations rounded for its own type
+            return self._matmul_ggml(x, w, out)
+        return self._matmul_quant(x, w, out)
+
+    def _matmul_ggml(self, x: np.ndarray, w: QuantWeight, out: np.ndarray) -> np.ndarray:
+        """ggml numerics: a few rows take ggml's integer dots (ikernels); more rows multiply the
+        rounded activations by the weights as f32 numerics do, plus Q4_1/Q5_1's q8_1 sum term
+        (quants.q8_1_offset_error times the block minimums)."""
+        if len(x) <= FUSED_MAX_ROWS and self._integer_dots(w):
+            return self._matmul_q8(x, w, out)
+        rounded: dict = {}
+        if len({rounding_family(part.qtype) for part in w.parts}) > 1:  # a product per part
+            for part, col in w.spans():
                 target = out[:, col:col + part.n_out]
                 x_type, offset_error = self._ggml_rounded(x, part.qtype, rounded)
                 self._matmul_quant(x_type, QuantWeight((part,), w.n_in), target)
                 if part.qtype in Q8_1_OFFSET_TYPES:
                     target += offset_error @ part.block_mins.T
             return out
-        return self._matmul_quant(x, w, out)
+        x_type, offset_error = self._ggml_rounded(x, w.parts[0].qtype, rounded)
+        if not any(part.qtype in Q8_1_OFFSET_TYPES for part in w.parts):
+            return self._matmul_quant(x_type, w, out)
+        if len(x) > FUSED_MAX_ROWS:  # the sum term added tile by tile, while the tile's outputs are in cache
+            self._tiled_matmul(qkernels(), w, x_type, out, offset_error)
+            return out
+        self._matmul_quant(x_type, w, out)
+        out += offset_error @ w.block_mins  # (stored transposed: n_in // 32, n_out)
+        return out
 
     @staticmethod
     def _ggml_rounded(x: np.ndarray, qtype: int, done: dict) -> tuple[np.ndarray, np.ndarray | None]:
         """x rounded as ggml-cpu rounds it for a `qtype` weight, and for q8_1 the offset error of
-        q8_1_offset_error; `done` keeps what a stacked weight's earlier parts rounded. Many rows
-        round in parallel numba (ikernels) where the integer dots run, in NumPy elsewhere."""
+        q8_1_offset_error; `done` keeps what a stacked weight's earlier parts rounded. Rounded by
+        numba on one thread (ikernels) where the integer dots run, by NumPy elsewhere."""
         family = rounding_family(qtype)
         if family not in done:
             kernels = ikernels()
