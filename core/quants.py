@@ -215,7 +215,8 @@ def dequantize_rows(raw: np.ndarray, qtype: T) -> np.ndarray:
 # ggml-cpu converts a matmul's activations to its weight type's `vec_dot_type` before the dot
 # product: F16/BF16 rows for F16/BF16 weights, 8-bit blocks for quantized ones (q8_0/q8_1 blocks
 # of 32 with an f16 scale for the 32-blocks, q8_K blocks of 256 with an f32 scale for K-quants).
-# The integer dot product equals the float product of the rounded activations and the weights.
+# The integer dot product equals the float product of the rounded activations and the weights, but
+# for Q4_1/Q5_1's block offsets, which take q8_1's f16 block sum (q8_1_offset_error).
 
 def _q8_32_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """ggml's quantize_row_q8_0/q8_1 (x86): per 32 values, q = round-to-even(x · 127/amax) and
@@ -254,7 +255,7 @@ QUANT_32_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)  # their activations: 
 QUANT_K_TYPES = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K)  # q8_K blocks of 256
 
 _ACTIVATION_ROUNDING = {
-    T.F16: lambda x: x.astype(np.float16).astype(np.float32),
+    T.F16: _round_f16,
     T.BF16: _as_bf16,
     **{t: _as_q8_32 for t in QUANT_32_TYPES},
     **{t: _as_q8_k for t in QUANT_K_TYPES},
