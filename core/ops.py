@@ -19,6 +19,8 @@ from typing import Callable
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, quants
 
+from .quants import Q8_1_OFFSET_TYPES, block_mins, ggml_activations, q8_1_offset_error
+
 DEFAULT_NMSE = 1e-7
 
 
@@ -155,6 +157,42 @@ register(Op(
     # weights and the activations to f16 (2^-11 relative each: NMSE ~2e-7), so one bound fits
     # every type. (test-backend-ops allows 5e-4 because ggml quantizes activations to 8 bits.)
     nmse=lambda p: 2e-6,
+    flops=lambda p: 2.0 * p["m"] * p["n"] * p["k"],
+))
+
+# MUL_MAT with ggml's numerics (the cpu backend's --numerics ggml): the activations rounded to
+# their vec_dot_type's 8-bit blocks, ggml's integer dots for up to 8 rows. The reference is the
+# exact product of the rounded activations and the weights in float64, plus Q4_1/Q5_1's q8_1
+# sum term; only float summation order separates the backend from it (NMSE ~1e-13). The bound is
+# 1e-10: leaving out the f16 rounding of the q8_1 sums (a relative 2^-11 of one term) must fail.
+GGML_NUMERICS_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K")
+
+
+def _mul_mat_ggml_reference(i, p):
+    w = dequantized(i["w"], p["type_a"], (p["m"], p["k"]))
+    qtype = ggml_type(p["type_a"])
+    out = ggml_activations(i["x"], qtype).astype(np.float64) @ w.T
+    if qtype in Q8_1_OFFSET_TYPES:
+        raw = np.ascontiguousarray(i["w"]).reshape(p["m"], -1).view(np.uint8)
+        out += q8_1_offset_error(i["x"]).astype(np.float64) @ block_mins(raw, qtype).T.astype(np.float64)
+    return out
+
+
+def _mul_mat_ggml_cases(quick: bool) -> list[dict]:
+    shapes = [(192, 1024)] if quick else [(576, 576), (1536, 576), (576, 1536), (2048, 640), (640, 2048)]
+    return [dict(type_a=t, type_b="f32", m=m, n=n, k=k, numerics="ggml") for t in GGML_NUMERICS_TYPES
+            for m, k in shapes if k % GGML_QUANT_SIZES[ggml_type(t)][0] == 0 for n in (1, 8, 512)]
+
+
+register(Op(
+    "MUL_MAT_GGML",
+    make=lambda p, rng: dict(w=random_weight(rng, p["type_a"], p["m"], p["k"]), x=_f32(rng, p["n"], p["k"])),
+    reference=_mul_mat_ggml_reference,
+    run=lambda b, i, p: b.with_numerics("ggml").mul_mat(i["w"], ggml_type(p["type_a"]), (p["m"], p["k"]), i["x"]),
+    cases=_mul_mat_ggml_cases,
+    perf_cases=lambda: [dict(type_a=t, type_b="f32", m=m, n=n, k=k, numerics="ggml") for t, (m, k) in
+                        (("q4_1", (1536, 576)), ("q5_0", (2048, 640)), ("q4_K", (640, 2048))) for n in (1, 8, 512)],
+    nmse=lambda p: 1e-10,
     flops=lambda p: 2.0 * p["m"] * p["n"] * p["k"],
 ))
 

@@ -48,8 +48,9 @@ def test_every_op_case_launches_its_kernels_as_declared(cuda):
     assert len(exact) > 40
     assert not [r.case for r in exact if not r.passed]
     assert {"ssm_conv_f32", "ssm_scan_f32"} <= launched
-    assert sum(not r.supported for r in results) == len([c for c in select_cases(quick=True)
-                                                         if c.op.name == "SET_ROWS" and c.params["type"][0] == "q"])
+    unsupported = [c for c in select_cases(quick=True) if (c.op.name == "SET_ROWS" and c.params["type"][0] == "q")
+                   or c.op.name == "MUL_MAT_GGML"]  # ggml numerics are the cpu backend's
+    assert sum(not r.supported for r in results) == len(unsupported)
 
 
 def test_matmul_maps_row_major_onto_cublas(cuda):

@@ -86,6 +86,10 @@ class CPUBackend(ArrayAlgebra):
         self._buffers: dict[str, np.ndarray] = {}
         self.notes: list[str] = []  # fallbacks taken while loading, for -v
 
+    def with_numerics(self, numerics: str) -> "CPUBackend":
+        """This backend with other matmul numerics (test-ops' MUL_MAT_GGML)."""
+        return self if numerics == self.numerics else CPUBackend(self.attn_path, numerics)
+
     def _buffer(self, slot: str, shape: tuple[int, ...]) -> np.ndarray:
         """Scratch memory reused across calls (fresh memory costs a page fault per 4 KiB)."""
         n = int(np.prod(shape))

@@ -26,7 +26,7 @@ DECODE_MAX_ROWS = 8  # more query rows than this go to the prefill kernel (dense
 MIN_KEYS_PER_SPLIT = 256
 NULL = np.uint64(0)  # a null pointer argument
 F32, F16 = cp.float32, cp.float16
-UNSUPPORTED_OPS: tuple[str, ...] = ()
+UNSUPPORTED_OPS: tuple[str, ...] = ("MUL_MAT_GGML",)  # ggml numerics are the cpu backend's
 
 
 class Kernels:
