@@ -267,9 +267,13 @@ def test_prompt_rows_round_in_numba_exactly_as_in_numpy(name, monkeypatch):
     np.testing.assert_array_equal(fast, ggml.matmul(x, w))
 
 
-def test_ggml_numerics_take_gelu_from_the_f16_table():
+@pytest.mark.parametrize("numba_kernel", [True, False])
+def test_ggml_numerics_take_gelu_from_the_f16_table(numba_kernel, monkeypatch):
     """ggml-cpu's GELU for float32 rows (GGML_GELU_FP16): the f16 table at x rounded to f16, 0 at
-    x <= -10 and x at x >= 10; f32 numerics compute the formula."""
+    x <= -10 and x at x >= 10; f32 numerics compute the formula. GEGLU takes it in numba
+    (ikernels.geglu_table_rows) or, without AVX2/F16C, in NumPy."""
+    if not numba_kernel:
+        monkeypatch.setattr(ikernels, "AVAILABLE", False)
     x = np.array([-12.0, -10.0, -3.3, -0.0, 1e-3, 0.7, 2.71828, 9.99, 10.0, 30.0], dtype=np.float32)
     x16 = x.astype(np.float16).astype(np.float32)
     formula = 0.5 * x16 * (1 + np.tanh(np.float32(0.7978845608028654) * x16 * (1 + np.float32(0.044715) * x16 * x16)))

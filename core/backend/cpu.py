@@ -169,6 +169,8 @@ class CPUBackend(ArrayAlgebra):
                 if numerics == "ggml" and self._integer_dots(QuantWeight.from_raw(w, qtype, (1, 256))):
                     for parts in (w, (w, w), (w, w, w)):
                         ikernels().MATVEC[qtype](parts, x, np.empty((1, 3), np.float32))
+            if numerics == "ggml" and ikernels().AVAILABLE:
+                ikernels().geglu_table_rows(np.zeros((1, 2), np.float32), _gelu_f16_table(), np.empty((1, 1), np.float32))
             kernels.DEQUANT[int(GGMLQuantizationType.F16)](np.zeros((1, 64), np.uint8), np.zeros(1, np.int64),
                                                           np.empty((1, 32), np.float32))  # f16 cache rows
             for rows in (1, SERIAL_ROWS + 1):  # the serial and the parallel variant of each row kernel
@@ -397,6 +399,11 @@ class CPUBackend(ArrayAlgebra):
         prompt sizes. Other activations, dtypes or layouts take the NumPy path."""
         n_ff = h.shape[-1] // 2
         kernel = GATED_KERNELS.get(act)
+        if act == "geglu" and self.numerics == "ggml" and ikernels().AVAILABLE and h.dtype == np.float32 \
+                and h.flags.c_contiguous:  # GELU from ggml-cpu's f16 table, in numba
+            out = np.empty((len(h), n_ff), dtype=np.float32)
+            ikernels().geglu_table_rows(h, _gelu_f16_table(), out)
+            return out
         if kernel is None or h.dtype != np.float32 or not h.flags.c_contiguous or \
                 (act == "geglu" and self.numerics == "ggml"):
             return getattr(self, act)(h[:, :n_ff], h[:, n_ff:])

@@ -302,6 +302,34 @@ def round_to_half(typingctx, x):
     return types.float32(x), codegen
 
 
+@intrinsic
+def half_bits(typingctx, x):
+    """A float32 rounded to the nearest IEEE half (to even), as its 16 bits (F16C)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.zext(builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), I16), I32)
+
+    return types.int32(x), codegen
+
+
+@njit(cache=True)
+def geglu_table_rows(h, table, out):
+    """ggml-cpu's GEGLU for float32 rows (GGML_GELU_FP16) over a fused gate|up h (n, 2·n_ff):
+    out = table[f16 bits of gate] · up, 0 where gate <= −10 and gate · up where gate >= 10."""
+    n_ff = out.shape[1]
+    for i in range(h.shape[0]):
+        for j in range(n_ff):
+            x, up = h[i, j], h[i, n_ff + j]
+            if x <= -10:
+                out[i, j] = 0
+            elif x >= 10:
+                out[i, j] = x * up
+            else:
+                out[i, j] = table[half_bits(x)] * up
+
+
 @njit(inline="always")
 def quantize_q8(x, q, d, s):
     """ggml's quantize_row_q8_1 (x86) for each row of x (n, n_in): per 32 values the codes
