@@ -3,7 +3,7 @@
 from ..errors import InvalidInputError
 from .cpu import CPUBackend
 
-BACKENDS = ("cpu", "cuda")
+BACKENDS = ("cpu", "cuda", "cuda-emu")
 __all__ = ["BACKENDS", "NUMERICS", "CPUBackend", "BackendUnavailable", "available_backends", "cuda_unavailable_reason", "default_cache_type",
            "get_backend"]
 
@@ -37,13 +37,15 @@ def default_cache_type(backend: str) -> str:
 
 
 def available_backends() -> list[str]:
+    """The backends `llm test-ops` checks by default: the emulated device only when asked for (-b)."""
     return ["cpu"] + (["cuda"] if cuda_unavailable_reason() is None else [])
 
 
 NUMERICS = ("f32", "ggml")
 
 
-def get_backend(name: str = "cpu", attn_path: str = "auto", numerics: str = "f32"):
+def get_backend(name: str = "cpu", attn_path: str = "auto", numerics: str = "f32", progress=None):
+    """A backend by name; `progress` hears of slow first-time work (cuda-emu's host build)."""
     if numerics not in NUMERICS:
         raise InvalidInputError(f"unknown --numerics '{numerics}' (choose from {', '.join(NUMERICS)})")
     if name == "cpu":
@@ -57,4 +59,14 @@ def get_backend(name: str = "cpu", attn_path: str = "auto", numerics: str = "f32
         from .cuda import CUDABackend
 
         return CUDABackend(attn_path)
+    if name == "cuda-emu":
+        from . import hostcuda
+
+        reason = hostcuda.unavailable_reason()
+        if reason:
+            raise BackendUnavailable(f"backend unavailable: cuda-emu: {reason}")
+        from .cuda import CUDABackend
+        from .cuda_emu import EmulatedRuntime
+
+        return CUDABackend(attn_path, EmulatedRuntime(), progress)
     raise InvalidInputError(f"unknown backend '{name}' (known: {', '.join(BACKENDS)})")

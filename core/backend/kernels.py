@@ -12,6 +12,8 @@ import ctypes
 import ctypes.util
 import importlib.util
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from gguf import GGMLQuantizationType as T
@@ -44,6 +46,62 @@ def prefill_smem_bytes(d: int) -> int:
     """Dynamic shared memory of fattn_prefill_<d>: Q/K/V/P tiles in f16, S, O, m, l in f32, columns."""
     return PF_ROWS * d * 2 * 3 + PF_ROWS * PF_TILE * 2 + PF_ROWS * PF_TILE * 4 + PF_ROWS * d * 4 + PF_ROWS * 4 * 2 \
         + PF_TILE * 4
+
+
+@dataclass(frozen=True)
+class Param:
+    """One kernel parameter as its C declaration reads: base type, pointer or value, const."""
+    base: str
+    pointer: bool
+    const: bool
+
+
+@dataclass(frozen=True)
+class KernelSignature:
+    params: tuple[Param, ...]
+    max_threads: int  # __launch_bounds__, or the device's 1024
+
+
+_KERNEL = r'extern "C" __global__ void (?:__launch_bounds__\((\w+)\)\s*)?([\w#]+)\s*\(([^)]*)\)'
+
+
+def kernel_signatures(source: str) -> dict[str, KernelSignature]:
+    """Every extern "C" kernel of a source by name, the kernels that macros generate included."""
+    text = source.replace("\\\n", " ")
+    objects = dict(re.findall(r"#define (\w+)[ \t]+([^\n]*)", text))
+    found: dict[str, tuple[str, str]] = {}
+    for bounds, name, params in re.findall(_KERNEL, text):
+        if "##" not in name:
+            found[name] = (bounds, params)
+    for macro, formal, body in re.findall(r"#define (\w+)\(([^)]*)\)([^\n]*)", text):
+        kernel = re.search(_KERNEL, body)
+        if not kernel:
+            continue
+        formal = [f.strip() for f in formal.split(",")]
+        for actual in re.findall(rf"^{macro}\(([^)]*)\)", text, re.M):
+            values = dict(zip(formal, (a.strip() for a in actual.split(","))))
+            name = re.sub(r"\w+", lambda m: values.get(m.group(0), m.group(0)), kernel.group(2)).replace("##", "")
+            found[name] = (kernel.group(1) or "", kernel.group(3))
+    return {name: KernelSignature(_parse_params(params, objects), _launch_bound(bounds, objects))
+            for name, (bounds, params) in found.items()}
+
+
+def _launch_bound(bounds: str, objects: dict[str, str]) -> int:
+    value = objects.get(bounds, bounds).strip()
+    for _ in range(4):  # macros of macros: DECODE_THREADS is a number, PF_THREADS too
+        value = re.sub(r"\b([A-Z_]\w*)\b", lambda m: objects.get(m.group(1), m.group(1)), value)
+    return int(eval(value, {"__builtins__": {}})) if value else 1024  # noqa: S307 (an integer expression)
+
+
+def _parse_params(params: str, objects: dict[str, str]) -> tuple[Param, ...]:
+    for name, body in objects.items():
+        params = re.sub(rf"\b{name}\b", body, params)
+    out = []
+    for param in (p.strip() for p in params.split(",") if p.strip()):
+        const = param.startswith("const ")
+        words = param.replace("const ", "").replace("__restrict__", "").replace("*", " * ").split()
+        out.append(Param(" ".join(w for w in words[:-1] if w != "*"), "*" in words, const))
+    return tuple(out)
 
 
 class KernelCompileError(InvalidInputError):
