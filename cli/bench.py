@@ -16,7 +16,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from llmsuite.core import bench as core
-from llmsuite.core.backend import NUMERICS, get_backend
+from llmsuite.core.backend import BACKENDS, NUMERICS, get_backend
 from llmsuite.core.context import ATTN_PATHS
 from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.memory import CACHE_TYPES, KV_KINDS
@@ -51,7 +51,7 @@ def bench(
     kv: Annotated[ListOpt, typer.Option("--kv", help=f"memory classes: {','.join(KV_KINDS)}")] = None,
     attn: Annotated[ListOpt, typer.Option("--attn", help=f"attention paths: {','.join(ATTN_PATHS)}")] = None,
     attn_impl: Annotated[ListOpt, typer.Option("--attn-impl", help="latent attention (deepseek2): mla,naive")] = None,
-    backend: Annotated[ListOpt, typer.Option("--backend", help="backends: cpu,cuda")] = None,
+    backend: Annotated[ListOpt, typer.Option("--backend", help="backends: cpu,cuda,cuda-emu")] = None,
     numerics: Annotated[ListOpt, typer.Option("--numerics", help="f32,ggml (ggml: matmul activations rounded as "
                                               "ggml-cpu does, and its integer dots)")] = None,
     threads: Annotated[ListOpt, typer.Option("-t", "--threads", help="thread counts (the cpu backend)")] = None,
@@ -151,7 +151,7 @@ def _strs(values, allowed, flag) -> list[str]:
 def _axes(batch, ubatch, ctk, ctv, kv, attn, backend) -> dict[str, list]:
     return dict(n_batch=_ints(batch, "-b"), n_ubatch=_ints(ubatch, "-ub"), type_k=_strs(ctk, CACHE_TYPES, "-ctk"),
                 type_v=_strs(ctv, CACHE_TYPES, "-ctv"), kv=_strs(kv, KV_KINDS, "--kv"),
-                attn=_strs(attn, ATTN_PATHS, "--attn"), backend=_strs(backend, ("cpu", "cuda"), "--backend"))
+                attn=_strs(attn, ATTN_PATHS, "--attn"), backend=_strs(backend, BACKENDS, "--backend"))
 
 
 def _run_all(runs, paths, repetitions, warmup, show_progress):

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeRemainingColumn
 
 from llmsuite.core import hub
+from llmsuite.core.backend import get_backend
 from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.models import Model, load_model
 
@@ -51,6 +52,14 @@ def progress_display():
         yield progress
 
 
+def ready_backend(name: str, numerics: str = "f32"):
+    """The backend, refused early if it cannot run; cuda-emu's first build of the host kernels
+    (seconds, once per source) shows as progress."""
+    with progress_display() as progress:
+        task = progress.add_task(f"starting the {name} backend", total=None)
+        return get_backend(name, numerics=numerics, progress=lambda message: progress.update(task, description=message))
+
+
 def resolve(spec: str | None) -> Path:
     with progress_display() as progress:
         return hub.resolve_model(spec, RichReporter(progress))
@@ -74,6 +83,8 @@ def open_model(spec: str | None, backend: str = "cpu", cache_types=("f16",), num
                               numerics=numerics)
     for note in getattr(model.backend, "notes", []):
         log(note)
+    if model.backend.name != "cpu":
+        log(f"backend {model.backend.name}: {model.backend.describe()}")
     return model, time.perf_counter() - t0
 
 

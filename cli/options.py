@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from llmsuite.core.backend import default_cache_type, get_backend
+from llmsuite.core.backend import default_cache_type
 from llmsuite.core.context import ContextParams
 from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.memory import CACHE_TYPES, CTX_KINDS, KV_KINDS
@@ -24,7 +24,8 @@ SwaFull = Annotated[bool, typer.Option("--swa-full", help="full-size window cach
 _CACHE_HELP = f"{'|'.join(CACHE_TYPES)} (f16 unless given, as llama.cpp)"
 CacheTypeK = Annotated[Optional[str], typer.Option("-ctk", "--cache-type-k", help=f"K cache type: {_CACHE_HELP}")]
 CacheTypeV = Annotated[Optional[str], typer.Option("-ctv", "--cache-type-v", help=f"V cache type: {_CACHE_HELP}")]
-Backend = Annotated[str, typer.Option("--backend", help="compute backend: cpu (cuda with CuPy)")]
+Backend = Annotated[str, typer.Option("--backend", help="compute backend: cpu, cuda (with CuPy), cuda-emu (the CUDA "
+                                      "kernels emulated on the host: slow, for checking them)")]
 Attn = Annotated[str, typer.Option("--attn", help="attention where masks are sparse: auto|dense|sparse")]
 AttnImpl = Annotated[str, typer.Option("--attn-impl", help="latent-attention models (deepseek2): mla caches the "
                                        "latent, naive K and V per head (auto: mla)")]
@@ -101,7 +102,9 @@ def context_params(ctx_size: int, batch_size: int, ubatch_size: int, parallel: i
                            sparse=sparse or SparseParams(), attn_impl=attn_impl, n_threads=threads,
                            n_threads_batch=threads_batch)
     params.validate()
-    get_backend(backend, numerics=numerics)  # an unavailable backend is refused before the model loads
+    from .common import ready_backend
+
+    ready_backend(backend, numerics)  # an unavailable backend is refused before the model loads
     return params
 
 

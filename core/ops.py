@@ -662,11 +662,14 @@ def _kv_rows(rng, n_kv, n_head_kv, d, kv_type) -> np.ndarray:
     return x
 
 
-def sparse_mask(rows: int, n_kv: int, n_kv_max: int, seed: int = SPARSE_SEED, blocks: bool = False) -> np.ndarray:
+def sparse_mask(rows: int, n_kv: int, n_kv_max: int, seed: int = SPARSE_SEED, blocks: bool = False,
+                edges: bool = False) -> np.ndarray:
     """test-backend-ops' sparse mask: row r keeps n_kv_max - r % min(n_kv_max, 17) random columns
     (ascending, small negative values), so some rows keep one entry; all else is -inf. With
     `blocks`, as a block top-k mask does: the columns come from a few blocks of 32 scattered over
-    the cache that all rows share, so nearby rows' selections overlap (the CPU gathers their union)."""
+    the cache that all rows share, so nearby rows' selections overlap (the CPU gathers their union).
+    With `edges` the rows keep 0, 1, n_kv_max and n_kv_max - 1 columns in turn (a row that sees
+    nothing gives 0; a full row leaves a compacted list no -1 padding)."""
     rng = np.random.default_rng(seed)
     mask = np.full((rows, n_kv), -np.inf, dtype=np.float32)
     pool = np.arange(n_kv)
@@ -676,6 +679,8 @@ def sparse_mask(rows: int, n_kv: int, n_kv_max: int, seed: int = SPARSE_SEED, bl
         pool = pool[pool < n_kv]
     for r in range(rows):
         count = min(len(pool), max(1, n_kv_max - r % min(n_kv_max, 17)))
+        if edges:
+            count = min(len(pool), (0, 1, n_kv_max, n_kv_max - 1)[r % 4])
         cols = np.sort(rng.permutation(pool)[:count])
         mask[r, cols] = -0.03125 * (1 + (np.arange(count) + r) % 7)
     return mask
@@ -698,7 +703,8 @@ def _fa_make(p, rng):
     k = _kv_rows(rng, p["kv"], nh_kv, p["hsk"], p["type_K"])
     v = k[..., : p["hsv"]] if p.get("v_is_view_of_k") else _kv_rows(rng, p["kv"], nh_kv, p["hsv"], p["type_V"])
     if p["n_kv_max"]:
-        mask = sparse_mask(p["nb"], p["kv"], p["n_kv_max"], blocks=p.get("sparse") == "blocks")
+        mask = sparse_mask(p["nb"], p["kv"], p["n_kv_max"], blocks=p.get("sparse") == "blocks",
+                           edges=p.get("sparse") == "edges")
     elif p.get("window"):
         mask = ring_window_mask(p["nb"], p["kv"], p["window"])
     else:
@@ -733,7 +739,7 @@ def _fa_run(b, i, p):
 def fa_params(hsk=128, hsv=128, nh=2, gqa=1, kv=512, nb=8, mask=True, sinks=False, max_bias=0.0, softcap=0.0,
               type_kv="f16", n_kv_max=0, v_is_view_of_k=False, path="auto", sparse="random", window=0) -> dict:
     """A FLASH_ATTN_EXT case; `path` forces the dense or sparse kernel where the hint allows either;
-    `sparse` ("random" or "blocks") is the kind of sparse mask (see sparse_mask); `window` > 0
+    `sparse` ("random", "blocks" or "edges") is the kind of sparse mask (see sparse_mask); `window` > 0
     makes the mask a sliding window over a ring cache (ring_window_mask)."""
     params = dict(hsk=hsk, hsv=hsv, nh=nh, nr23=[gqa, 1], kv=kv, nb=nb, mask=mask, sinks=sinks, max_bias=max_bias,
                   logit_softcap=softcap, prec="f32", type_K=type_kv, type_V=type_kv, v_is_view_of_k=v_is_view_of_k,
@@ -756,6 +762,8 @@ def _fa_cases(quick: bool) -> list[dict]:
             cases.append(fa_params(hsk, hsk, 2, gqa, 512, nb, **variant))
     for kv in (4096,):
         cases.append(fa_params(128, 128, 2, 4, kv, 8))
+    for hsk, gqa, kv, nb in ((64, 2, 200, 70), (256, 1, 130, 20)):  # prompts of partial 64-row tiles
+        cases.append(fa_params(hsk, hsk, 2, gqa, kv, nb))
     for type_kv in ("f16", "q8_0"):  # a prompt's tiles over a wrapped sliding-window ring
         cases.append(fa_params(64, 64, 2, 4, 1024, 300, window=256, type_kv=type_kv))
     for path in ("dense", "sparse"):
@@ -767,6 +775,8 @@ def _fa_cases(quick: bool) -> list[dict]:
                                type_kv="q8_0", path=path))
         for variant in (dict(), dict(sinks=True, softcap=10.0, max_bias=8.0, type_kv="q8_0"), dict(type_kv="f32")):
             cases.append(fa_params(64, 64, 2, 4, 4096, 80, n_kv_max=256, path=path, sparse="blocks", **variant))
+        for variant in (dict(), dict(sinks=True)):  # rows that keep 0, 1 and n_kv_max keys
+            cases.append(fa_params(128, 128, 2, 4, 1024, 9, n_kv_max=64, path=path, sparse="edges", **variant))
     return cases
 
 

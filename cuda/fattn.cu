@@ -90,6 +90,7 @@ __device__ void decode_block(const float * q, const __half * k, const __half * v
         for (int j = 0; j < VL; ++j) vv[j] = __half2float(vrow[lane + j * WARP_SIZE]);
 #pragma unroll
         for (int g = 0; g < HG; ++g) {
+            if (g >= n_heads_here) break;  // a group smaller than HG (SmolLM2's 3 of 16): no dots for absent heads
             float dot = 0.0f;
 #pragma unroll
             for (int j = 0; j < DL; ++j) dot += q_s[g][lane + j * WARP_SIZE] * kv[j];

@@ -1,73 +1,143 @@
-"""The CUDA backend's host side, on a machine without a GPU: every launch it makes (test-ops cases
-and whole forward passes) matches its kernel's C signature, and what it computes without kernels
-(cuBLAS matmuls, the plain attention path, rows and selections) equals the references."""
+"""The CUDA backend on the emulated device (`--backend cuda-emu`): its kernels computed by the host
+build of cuda/*.cu, its launches checked as cuLaunchKernel checks them, its matmuls through
+cuBLAS's gemmEx. test-ops cases covering every kernel pass against the float64 references; the
+tiny models and a SmolLM2-shaped model run end to end within a stated distance of the CPU
+backend; the CLI takes the backend and says it is emulated."""
 
 from __future__ import annotations
 
+import os
 import runpy
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-import fake_cupy
+from llmsuite.core.backend import get_backend, hostcuda, kernels
 from llmsuite.core.ops import OPS
 from llmsuite.core.testops import run_test, select_cases
+from test_cuda import launched_kernels
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-# ops whose answer comes from cuBLAS, CuPy algebra or plain copies: these must be right here too
-COMPUTED_WITHOUT_KERNELS = ("MUL_MAT(type_a=f32", "MUL_MAT(type_a=f16", "GET_ROWS(type=f32", "GET_ROWS(type=f16",
-                            "SET_ROWS(type=f32", "ADD(", "MUL(", "SCALE(", "TOP_K(", "FLASH_ATTN_EXT(hsk=40,",
-                            "FLASH_ATTN_EXT(hsk=80,", "FLASH_ATTN_EXT(hsk=96,", "FLASH_ATTN_EXT(hsk=192,",
-                            "TOP_K_MASK(", "LIGHTNING_INDEXER(", "MOE_ROUTE(")
+pytestmark = pytest.mark.skipif(hostcuda.compiler() is None, reason="no C++ compiler to build cuda/*.cu for the host")
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+FIDELITY = runpy.run_path(str(SCRIPTS / "cuda_emu_fidelity.py"))
+
+
+@pytest.fixture(scope="module")
+def emu():
+    return get_backend("cuda-emu")
 
 
 @pytest.fixture
-def cuda():
-    with fake_cupy.fake_cuda_backend() as module:
-        fake_cupy.RawModule.launches = []
-        yield module.CUDABackend()
+def launches(emu):
+    emu.runtime.launches.clear()
+    return emu.runtime.launches
 
 
 def test_signatures_are_parsed_from_the_sources():
-    from llmsuite.core.backend.kernels import kernel_source
-
-    sigs = fake_cupy.kernel_signatures(kernel_source("fattn.cu"))
+    sigs = kernels.kernel_signatures(kernels.kernel_source("fattn.cu"))
     decode = sigs["fattn_decode_128_128_8"]
-    assert len(decode) == 9 + 12 and decode[0] == ("float", True, True) and decode[6] == ("float", True, False)
-    assert decode[13] == ("long long", False, False) and sigs["fattn_prefill_256"][5] == ("float", True, False)
-    assert sigs["mask_to_indices"][-1] == ("int", True, False)
+    assert len(decode.params) == 9 + 12 and decode.max_threads == 128
+    assert decode.params[0] == kernels.Param("float", True, True) and decode.params[6] == kernels.Param("float", True, False)
+    assert decode.params[13] == kernels.Param("long long", False, False)
+    assert sigs["fattn_prefill_256"].params[5] == kernels.Param("float", True, False)
+    assert sigs["mask_to_indices"].params[-1] == kernels.Param("int", True, False) and sigs["mask_to_indices"].max_threads == 1024
 
 
-def test_every_op_case_launches_its_kernels_as_declared(cuda):
-    results = [run_test(cuda, case) for case in select_cases(quick=True)]
-    launched = set(fake_cupy.RawModule.launches)
-    assert {"fattn_decode_64_64_16", "fattn_decode_576_512_2", "fattn_prefill_128", "fattn_combine",
-            "mask_to_indices", "dequant_q6_K", "soft_max_f32", "rope_f32", "set_rows_f16"} <= launched
-    exact = [r for r in results if r.case.startswith(COMPUTED_WITHOUT_KERNELS)]
-    assert len(exact) > 40
-    assert not [r.case for r in exact if not r.passed]
-    assert {"ssm_conv_f32", "ssm_scan_f32"} <= launched
-    unsupported = [c for c in select_cases(quick=True) if (c.op.name == "SET_ROWS" and c.params["type"][0] == "q")
-                   or c.op.name == "MUL_MAT_GGML"]  # ggml numerics are the cpu backend's
-    assert sum(not r.supported for r in results) == len(unsupported)
+def covering_cases():
+    """A case set the default run can afford that still reaches every kernel: the cheap ops whole,
+    and the attention cases of modest size (every head size, variant, cache type and path)."""
+    def cheap(case) -> bool:
+        p = case.params
+        if case.op.name != "FLASH_ATTN_EXT":
+            return case.op.name != "MUL_MAT" or p["n"] <= 8
+        return p["kv"] * p["nb"] * p["nh"] * p["nr23"][0] <= 64 * 1024 or (p["kv"] <= 1025 and p["nb"] == 1)
+    return [c for c in select_cases(quick=True) if cheap(c)]
 
 
-def test_matmul_maps_row_major_onto_cublas(cuda):
+def test_ops_pass_on_the_emulated_device_and_reach_every_kernel(emu, launches):
+    cases = covering_cases()
+    results = [run_test(emu, case) for case in cases]
+    failed = [f"{r.case}: {r.error}" for r in results if r.supported and not r.passed]
+    assert not failed
+    assert sum(r.supported for r in results) > 250
+    sampling_and_embeddings = {"argmax_f32", "sample_cdf_f32", "get_rows_f16"}  # the forward passes below run them
+    assert launched_kernels() - sampling_and_embeddings <= set(launches)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["forward", "reverse", "shuffle"])
+def test_every_quick_case_passes_in_every_thread_order(schedule, monkeypatch):
+    monkeypatch.setenv("LLMSUITE_CUDA_EMU_SCHEDULE", schedule)
+    emu = get_backend("cuda-emu")
+    results = [run_test(emu, case) for case in select_cases(quick=True)]
+    assert not [f"{r.case}: {r.error}" for r in results if r.supported and not r.passed]
+
+
+def test_matmul_maps_row_major_onto_cublas(emu):
     rng = np.random.default_rng(3)
     x, w = rng.standard_normal((5, 48), dtype=np.float32), rng.standard_normal((7, 48), dtype=np.float32)
     expected = x.astype(np.float16).astype(np.float64) @ w.astype(np.float16).astype(np.float64).T
-    out = cuda.matmul(cuda.asarray(x), cuda.asarray(w.astype(np.float16)))
-    assert out.shape == (5, 7) and np.allclose(cuda.to_numpy(out), expected, rtol=1e-5, atol=1e-5)
-    buffer = cuda.xp.zeros((6, 7), dtype=np.float32)
-    cuda.matmul(cuda.asarray(x), cuda.asarray(w.astype(np.float16)), out=buffer[:5])
-    assert np.allclose(cuda.to_numpy(buffer[:5]), expected, rtol=1e-5, atol=1e-5) and not buffer[5].any()
+    out = emu.matmul(emu.asarray(x), emu.asarray(w.astype(np.float16)))
+    assert out.shape == (5, 7) and np.allclose(emu.to_numpy(out), expected, rtol=1e-5, atol=1e-5)
+    buffer = emu.xp.zeros((6, 7), dtype=np.float32)
+    emu.matmul(emu.asarray(x), emu.asarray(w.astype(np.float16)), out=buffer[:5])
+    assert np.allclose(emu.to_numpy(buffer[:5]), expected, rtol=1e-5, atol=1e-5) and not buffer[5].any()
+
+
+def test_dequant_kernels_expand_exactly_what_gguf_does(emu):
+    from gguf import GGMLQuantizationType as T
+
+    from llmsuite.core.ops import random_weight
+    from llmsuite.core.quants import dequantize
+
+    rng = np.random.default_rng(0)
+    for qt in [*kernels.DEQUANT_KERNELS, T.BF16]:
+        raw = np.ascontiguousarray(random_weight(rng, qt.name.lower().replace("_k", "_K"), 16, 512)
+                                   if qt != T.BF16 else rng.standard_normal((16, 512)).astype(np.float32)
+                                   .view(np.uint32) >> 16).reshape(-1)
+        raw = raw.astype(np.uint16).view(np.uint8) if qt == T.BF16 else raw.view(np.uint8)
+        out = emu.to_numpy(emu._expand_f16(emu.asarray(raw), qt, 16 * 512))
+        np.testing.assert_array_equal(out.view(np.uint16), dequantize(raw, qt, out.size).astype(np.float16).view(np.uint16))
+
+
+# Measured with scripts/cuda_emu_fidelity.py: the largest |Δ logit| relative to the largest |logit|
+# is 0.9e-3 to 2.6e-3 over 96 positions. The device expands weights to f16 and rounds matmul inputs
+# to f16 (2^-11 relative each, f32 sums), the CPU keeps f32: a few such roundings per layer, through
+# 2 to 6 layers, bound it by 4e-3. DeepSeek-3.2 is compared up to its first indexer flip: there the
+# top-k of the lightning indexer meets a near-tie (llama.cpp's own gap at that position is 4e-4).
+REL_LOGIT_BOUND = 4e-3
+
+
+@pytest.mark.parametrize("name", list(FIDELITY["CASES"]))
+def test_tiny_models_end_to_end_against_the_cpu(name):
+    import json
+
+    stem, params = FIDELITY["CASES"][name]
+    path = FIDELITY["TINY"] / f"{stem}.gguf"
+    ids = json.loads(path.with_suffix(".json").read_text())["ids"]
+    c = FIDELITY["compare"](path, ids, params)
+    assert c.rel_max <= REL_LOGIT_BOUND, c.rel_max
+    assert c.greedy_equal == 16, (c.greedy_cpu, c.greedy_emu)
+    if name == "deepseek32":
+        assert c.first_flip is not None and c.first_flip > 32
+        gaps = [info["boundary_gap_per_position"][c.first_flip] for info in
+                json.loads(path.with_suffix(".json").read_text())["debug"]["dsa"].values()]
+        assert min(gaps) < 1e-3  # a near-tie in llama.cpp's own scores
+    else:
+        assert c.first_flip is None and c.top1_agree == c.top1_decisive
 
 
 @pytest.mark.parametrize("preset, attn", [("smollm2-135m", "auto"), ("gemma3-270m", "sparse")])
-def test_forward_passes_launch_as_declared(cuda, tmp_path, preset, attn):
-    """A prompt (WMMA prefill, or the sparse gather under --attn sparse) shared by two sequences,
-    then decode steps (split-KV kernel; greedy and drawn tokens picked on the device)."""
+def test_real_shapes_run_the_attention_kernels(tmp_path, preset, attn):
+    """Real head sizes reach the flash-attention kernels: a prompt (WMMA prefill, or the sparse
+    gather under --attn sparse over a window 8 cache of 37 cells) shared by two sequences, then
+    decode steps (split-KV and combine; greedy and drawn tokens picked on the device); the logits
+    of the prompt against the CPU's."""
+    from llmsuite.core.batch import Batch
     from llmsuite.core.context import Context, ContextParams
     from llmsuite.core.generation import generate
     from llmsuite.core.models import load_model
@@ -75,37 +145,30 @@ def test_forward_passes_launch_as_declared(cuda, tmp_path, preset, attn):
 
     write = runpy.run_path(str(SCRIPTS / "random_model.py"))["write_random_model"]
     extra = {"sliding_window": 8} if attn == "sparse" else {}
-    model = load_model(write(preset, tmp_path / "m.gguf", n_layer=2, n_vocab=512, **extra), backend="cuda")
-    ctx = Context(model, ContextParams(n_ctx=64, n_ubatch=16, n_seq_max=2, backend="cuda", attn=attn))
+    path = write(preset, tmp_path / "m.gguf", n_layer=2, n_vocab=512, **extra)
+    prompt = list(range(3, 40))
+    logits = {}
+    for backend in ("cpu", "cuda-emu"):
+        ctx = Context(load_model(path, backend=backend), ContextParams(n_ctx=64, n_ubatch=64, backend=backend, attn=attn))
+        assert ctx.decode(Batch.from_tokens(prompt, all_outputs=True)) == 0, ctx.last_error
+        logits[backend] = np.asarray(ctx.backend.to_numpy(ctx.logits), np.float64)
+    assert np.abs(logits["cuda-emu"] - logits["cpu"]).max() <= REL_LOGIT_BOUND * np.abs(logits["cpu"]).max()
+    ctx = Context(load_model(path, backend="cuda-emu"),
+                  ContextParams(n_ctx=64, n_ubatch=16, n_seq_max=2, backend="cuda-emu", attn=attn))
     greedy, drawn = Sampler(SamplerParams(temp=0.0), ctx.backend), Sampler(SamplerParams(seed=1), ctx.backend)
-    generate(ctx, [greedy, drawn], list(range(3, 40)), n_predict=3)
+    generate(ctx, [greedy, drawn], prompt, n_predict=3)
+    launches = ctx.backend.runtime.launches + ctx.model.backend.runtime.launches
     head = 64 if preset == "smollm2-135m" else 256
     decode = f"fattn_decode_{head}_{head}_{16 if head == 64 else 4}"
     attention = {"mask_to_indices", decode} if attn == "sparse" else {f"fattn_prefill_{head}", decode}
     assert attention | {"rms_norm_f32", "rope_f32", "get_rows_f16", "fattn_combine", "argmax_f32",
-                     "sample_cdf_f32", "swiglu_fused_f32" if head == 64 else "geglu_fused_f32"} \
-        <= set(fake_cupy.RawModule.launches)
+                        "sample_cdf_f32", "swiglu_fused_f32" if head == 64 else "geglu_fused_f32"} <= set(launches)
 
 
-@pytest.mark.parametrize("name", ["tiny-llama-moe", "tiny-qwen3", "tiny-deepseek2", "tiny-deepseek32"])
-def test_tiny_models_launch_as_declared(cuda, name):
-    """Mixture of experts (routing on the host, each expert's rows on the device) and Qwen3's
-    per-head norms go through the device ops."""
-    from conftest import FIXTURES
-    from llmsuite.core.batch import Batch
-    from llmsuite.core.context import Context, ContextParams
-    from llmsuite.core.models import load_model
-
-    model = load_model(FIXTURES / "tiny" / f"{name}.gguf", backend="cuda")
-    ctx = Context(model, ContextParams(n_ctx=64, n_ubatch=16, backend="cuda"))
-    assert ctx.decode(Batch.from_tokens(list(range(3, 40)), all_outputs=True)) == 0, ctx.last_error
-    assert ctx.logits.shape == (37, 49152)
-    assert {"rms_norm_f32", "rope_f32", "swiglu_fused_f32"} <= set(fake_cupy.RawModule.launches)
-
-
-def test_block_topk_makes_its_mask_on_the_device(cuda):
-    """Under CuPy the producer runs its array code on device arrays (the mask never visits the
-    host) and selects what the CPU's compiled kernel selects."""
+def test_block_topk_makes_its_mask_on_the_device(emu):
+    """On a CuPy-shaped module the producer runs its array code on device arrays (the mask never
+    visits the host) and selects what the CPU's compiled kernel selects."""
+    from llmsuite.core.backend.cuda_emu import DeviceArray
     from llmsuite.core.memory.masks import BlockTopK, KeyBounds, MaskInput
 
     rng = np.random.default_rng(3)
@@ -115,179 +178,84 @@ def test_block_topk_makes_its_mask_on_the_device(cuda):
     cell_pos = np.arange(160, dtype=np.int32)
     base = np.where(cell_pos[None, :] <= pos[:, None], np.float32(0), np.float32(-np.inf))
     producer = BlockTopK(32, 8, 8)
-    xp = cuda.xp
+    xp = emu.xp
     on_device = MaskInput(2, xp.asarray(q), xp.asarray(base), pos, cell_pos, xp=xp,
                           extra={"bounds": KeyBounds(xp.asarray(keys), 8, xp)})
     mask, n_kv_max = producer(on_device)
     on_host = MaskInput(2, q, base, pos, cell_pos, extra={"bounds": KeyBounds(keys, 8)})
-    assert isinstance(mask, fake_cupy.FakeArray) and n_kv_max == 40
+    assert isinstance(mask, DeviceArray) and n_kv_max == 40
     np.testing.assert_array_equal(np.isfinite(mask.get()), np.isfinite(producer.fused_mask(on_host)))
     assert np.isfinite(mask.get()).sum() < np.isfinite(base).sum()
 
 
-def test_a_sparse_forward_pass_keeps_masks_and_bounds_on_the_device(cuda, tmp_path):
+def test_a_sparse_forward_pass_keeps_masks_and_bounds_on_the_device(tmp_path):
     """--sparse-topk on the CUDA backend: the cache's block bounds, the masks given to the
-    attention op and the op's sparse gather all stay device-side."""
+    attention op and the op's sparse gather all stay device-side, and the sparse decode equals
+    the dense one within the f16 cache's rounding."""
+    from llmsuite.core.backend.cuda_emu import DeviceArray
     from llmsuite.core.batch import Batch
     from llmsuite.core.context import Context, ContextParams
     from llmsuite.core.memory.masks import SparseParams
     from llmsuite.core.models import load_model
 
     write = runpy.run_path(str(SCRIPTS / "random_model.py"))["write_random_model"]
-    model = load_model(write("smollm2-135m", tmp_path / "m.gguf", n_layer=2, n_vocab=512), backend="cuda")
-    ctx = Context(model, ContextParams(n_ctx=96, n_ubatch=32, backend="cuda", attn="sparse",
+    model = load_model(write("smollm2-135m", tmp_path / "m.gguf", n_layer=2, n_vocab=512), backend="cuda-emu")
+    ctx = Context(model, ContextParams(n_ctx=96, n_ubatch=32, backend="cuda-emu", attn="sparse",
                                        sparse=SparseParams(16, 8, 8, "all")))
     masks = []
-    attend = cuda.flash_attn_ext.__func__
+    attend = ctx.backend.flash_attn_ext
 
-    def spy(self, q, k, v, mask=None, *args, **kwargs):
+    def spy(q, k, v, mask=None, *args, **kwargs):
         masks.append((type(mask), kwargs.get("n_kv_max", args[5] if len(args) > 5 else 0)))
-        return attend(self, q, k, v, mask, *args, **kwargs)
+        return attend(q, k, v, mask, *args, **kwargs)
 
-    ctx.backend.flash_attn_ext = spy.__get__(ctx.backend)
+    ctx.backend.flash_attn_ext = spy
     for i in range(0, 64, 32):
         assert ctx.decode(Batch.from_tokens(list(range(3 + i, 35 + i)), pos0=i)) == 0, ctx.last_error
     assert ctx.decode(Batch.from_tokens([7], pos0=64)) == 0, ctx.last_error
-    assert masks and all(kind is fake_cupy.FakeArray and bound == 24 for kind, bound in masks)
-    assert isinstance(ctx.memory.bounds[0].lo, fake_cupy.FakeArray)
-    assert "mask_to_indices" in fake_cupy.RawModule.launches
+    assert masks and all(kind is DeviceArray and bound == 24 for kind, bound in masks)
+    assert isinstance(ctx.memory.bounds[0].lo, DeviceArray)
+    assert "mask_to_indices" in ctx.backend.runtime.launches and ctx.backend.last_attn_path == "sparse"
 
 
-def test_the_fake_rejects_a_wrong_launch(cuda):
-    kernel = cuda.kernels["rms_norm_f32"]
-    x = cuda.xp.zeros((2, 64), dtype=np.float32)
-    with pytest.raises(AssertionError, match="argument 3"):
-        kernel((2,), (64,), (x, fake_cupy.np.uint64(0), x, 64, np.int32(1), np.float32(1e-6)))  # a Python int
-    with pytest.raises(AssertionError, match="array of float16"):
-        kernel((2,), (64,), (x.astype(np.float16), fake_cupy.np.uint64(0), x, np.int32(64), np.int32(1),
-                             np.float32(1e-6)))
-    assert OPS  # the op registry is loaded (the fakes need no other state)
+def llm(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "llmsuite.cli.main", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, cwd=ROOT)
 
 
-HOST_SHIM = r"""
-#include <cstdint>
-#include <cstring>
-struct Index { long long x = 0; };
-static Index blockIdx, threadIdx, blockDim;
-#define __global__
-#define __device__
-#define __forceinline__ inline
-typedef uint16_t __half;
-inline float __half2float(__half h) { _Float16 f; memcpy(&f, &h, 2); return (float) f; }
-inline __half __float2half(float x) { _Float16 f = (_Float16) x; __half h; memcpy(&h, &f, 2); return h; }
-inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
-inline float load_f16(const unsigned char * p) { return __half2float(*reinterpret_cast<const __half *>(p)); }
-"""
+def test_cli_test_ops_on_the_emulated_device():
+    done = llm("test-ops", "-b", "cuda-emu", "-o", "FLASH_ATTN_EXT", "-p", r"hsk=64,.*kv=113,nb=1,|n_kv_max=17,.*sparse")
+    assert done.returncode == 0, done.stderr
+    assert "Device description: cuda/*.cu emulated on the host" in done.stdout
+    assert "\n  5/5 tests passed\n  Backend cuda-emu: OK" in done.stdout
 
 
-@pytest.fixture(scope="module")
-def dequant_on_host(tmp_path_factory):
-    """cuda/dequant.cu built for the CPU (thread indices emulated, __half as IEEE binary16), so its
-    arithmetic can be checked without a GPU."""
-    import ctypes
-    import shutil
-    import subprocess
+def test_generate_on_the_emulated_device_says_so_and_takes_the_sparse_path():
+    """SmolLM2's real shapes (head 64) with block top-k keeping 16 of 40 cells: the gather kernel."""
+    from llmsuite.core.hub import cached_path
 
-    from llmsuite.core.backend.kernels import KERNEL_DIR
-
-    compiler = shutil.which("g++")
-    assert compiler, "g++ is needed to check the dequantization kernels on the host"
-    folder = tmp_path_factory.mktemp("dequant")
-    source = (KERNEL_DIR / "dequant.cu").read_text().replace('#include "common.cuh"', HOST_SHIM)
-    source += 'extern "C" void launch(void (*kernel)(const unsigned char *, __half *, long long), ' \
-              'const unsigned char * s, __half * d, long long n, long long threads) {\n' \
-              '    blockDim.x = 1;\n    for (long long t = 0; t < threads; ++t) { blockIdx.x = t; kernel(s, d, n); }\n}\n'
-    (folder / "dequant.cpp").write_text(source)
-    subprocess.run([compiler, "-O1", "-shared", "-fPIC", "-std=c++17", "-o", str(folder / "dequant.so"),
-                    str(folder / "dequant.cpp")], check=True, capture_output=True)
-    return ctypes.CDLL(str(folder / "dequant.so"))
+    if not cached_path("smollm2-135m").exists():
+        pytest.skip("smollm2-135m is not cached here (llm pull smollm2-135m)")
+    prompt = "To be, or not to be, that is the question: " * 3
+    done = llm("-v", "generate", "--backend", "cuda-emu", "-p", prompt, "-n", "4", "--temp", "0", "-c", "512",
+               "--sparse-topk", "16", "--sparse-block", "8", "--sparse-local", "8", "--attn", "sparse")
+    assert done.returncode == 0, done.stderr
+    assert "backend cuda-emu: cuda/*.cu emulated on the host" in done.stderr
+    assert "sparse" in next(line for line in done.stderr.splitlines() if line.startswith("layer  29:"))
 
 
-def test_dequant_kernels_expand_exactly_what_gguf_does(dequant_on_host):
-    import ctypes
-
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
-
-    from llmsuite.core.backend.kernels import DEQUANT_KERNELS
-    from llmsuite.core.ops import random_weight
-    from llmsuite.core.quants import dequantize
-
-    rng = np.random.default_rng(0)
-    for qt, (name, threads_per_block) in DEQUANT_KERNELS.items():
-        raw = np.ascontiguousarray(random_weight(rng, qt.name.lower().replace("_k", "_K"), 16, 512)).reshape(-1).view(np.uint8)
-        n_blocks = 16 * 512 // GGML_QUANT_SIZES[qt][0]
-        out = np.zeros(16 * 512, np.float16)
-        dequant_on_host.launch(getattr(dequant_on_host, name), raw.ctypes.data_as(ctypes.c_void_p),
-                               out.ctypes.data_as(ctypes.c_void_p), ctypes.c_longlong(n_blocks),
-                               ctypes.c_longlong(n_blocks * threads_per_block))
-        assert np.array_equal(out, dequantize(raw, qt, out.size).astype(np.float16)), name
-    bf16 = (rng.standard_normal(1000).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-    out = np.zeros(1000, np.float16)
-    dequant_on_host.launch(dequant_on_host.convert_bf16, bf16.ctypes.data_as(ctypes.c_void_p),
-                           out.ctypes.data_as(ctypes.c_void_p), ctypes.c_longlong(1000), ctypes.c_longlong(1000))
-    assert np.array_equal(out, dequantize(bf16.view(np.uint8), T.BF16, 1000).astype(np.float16))
+def test_no_compiler_is_one_sentence():
+    done = llm("generate", "--backend", "cuda-emu", "-p", "hi", env={"PATH": "/nonexistent", "CXX": ""})
+    assert done.returncode == 1
+    assert done.stderr == "error: backend unavailable: cuda-emu: no C++ compiler found (install g++, or set CXX)\n"
 
 
-SSM_LAUNCHERS = """
-extern "C" void conv(const float * x, float * state, const float * w, const long long * seq, float * out,
-                     int n_tokens, int n_ch, int d_conv) {
-    blockDim.x = 1;
-    for (int c = 0; c < n_ch; ++c) { blockIdx.x = c; ssm_conv_f32(x, state, w, seq, out, n_tokens, n_ch, d_conv); }
-}
-extern "C" void scan(float * state, const float * x, const float * dt, const float * A, const float * B,
-                     const float * C, const long long * seq, float * y, int n_tokens, int n_head, int head_dim,
-                     int n_state, int n_group, int a_cols) {
-    blockDim.x = 1;
-    for (int r = 0; r < n_head * head_dim; ++r) {
-        blockIdx.x = r;
-        ssm_scan_f32(state, x, dt, A, B, C, seq, y, n_tokens, n_head, head_dim, n_state, n_group, a_cols);
-    }
-}
-"""
-
-
-@pytest.fixture(scope="module")
-def ssm_on_host(tmp_path_factory):
-    """cuda/ssm.cu built for the CPU, one emulated thread at a time."""
-    import ctypes
-    import shutil
-    import subprocess
-
-    from llmsuite.core.backend.kernels import KERNEL_DIR
-
-    folder = tmp_path_factory.mktemp("ssm")
-    source = (KERNEL_DIR / "ssm.cu").read_text().replace('#include "common.cuh"', HOST_SHIM + "#include <cmath>\n")
-    (folder / "ssm.cpp").write_text(source + SSM_LAUNCHERS)
-    subprocess.run([shutil.which("g++"), "-O1", "-shared", "-fPIC", "-std=c++17", "-o", str(folder / "ssm.so"),
-                    str(folder / "ssm.cpp")], check=True, capture_output=True)
-    return ctypes.CDLL(str(folder / "ssm.so"))
-
-
-def _ptr(a):
-    import ctypes
-
-    return a.ctypes.data_as(ctypes.c_void_p)
-
-
-@pytest.mark.parametrize("mixed", [False, True])
-def test_ssm_conv_kernel_computes_the_contract(ssm_on_host, mixed):
-    op, params = OPS["SSM_CONV"], dict(d_conv=4, d_inner=40, n_t=5, n_seq=3, mixed=mixed)
-    i = op.make(params, np.random.default_rng(2))
-    state, out = i["state"].copy(), np.empty_like(i["x"])
-    ssm_on_host.conv(_ptr(i["x"]), _ptr(state), _ptr(i["w"]), _ptr(i["seq_index"].astype(np.int64)), _ptr(out),
-                     len(i["x"]), 40, 4)
-    np.testing.assert_allclose(np.concatenate([out.reshape(-1), state.reshape(-1)]), op.reference(i, params),
-                               rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("mamba, n_head, head_dim, n_group", [(1, 24, 1, 1), (2, 4, 8, 2)])
-def test_ssm_scan_kernel_computes_the_contract(ssm_on_host, mamba, n_head, head_dim, n_group):
-    op = OPS["SSM_SCAN"]
-    params = dict(mamba=mamba, n_head=n_head, head_dim=head_dim, n_group=n_group, d_state=16, n_t=4, n_seq=3, mixed=True)
-    i = op.make(params, np.random.default_rng(3))
-    state, y = i["state"].copy(), np.empty_like(i["x"])
-    ssm_on_host.scan(_ptr(state), *(_ptr(i[k]) for k in ("x", "dt", "A", "B", "C")),
-                     _ptr(i["seq_index"].astype(np.int64)), _ptr(y), len(i["x"]), n_head, head_dim, 16, n_group,
-                     i["A"].shape[1])
-    np.testing.assert_allclose(np.concatenate([y.reshape(-1), state.reshape(-1)]), op.reference(i, params),
-                               rtol=1e-4, atol=1e-5)
+@pytest.mark.skipif(not Path(subprocess.run(["g++", "-print-file-name=libasan.so"], capture_output=True,
+                                            text=True).stdout.strip() or "/nonexistent").is_file(),
+                    reason="no AddressSanitizer runtime for g++")
+def test_sanitizer_run_of_test_ops_has_no_reports():
+    done = subprocess.run([str(SCRIPTS / "cuda_emu_sanitize.sh"), "--quick", "-o", "FLASH_ATTN_EXT,SOFT_MAX,ROPE",
+                           "-p", r"kv=113,nb=1,|n_kv_max=17|ne=\[64,"], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHON": sys.executable})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "sanitizer reports: 0" in done.stdout and "Backend cuda-emu: OK" in done.stdout

@@ -230,9 +230,13 @@ class HostKernel:
         values = self._marshal(args, where)
         if self.launches is not None:
             self.launches.append(self.name)
+        exact = _exact_copies(args, values, self.signature) if sanitizing() else []
         pointers = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
         error = ctypes.create_string_buffer(1024)
         status = self.lib.emu_launch(self.entry, pointers, *grid, *block, shared_mem, timeout_seconds(), error, 1024)
+        for arg, copy, writable in exact:
+            if writable:
+                ctypes.memmove(arg.__array_interface__["data"][0], copy.ctypes.data, copy.nbytes)
         if status:
             raise KernelFault(f"cuda-emu: {where}: {error.value.decode(errors='replace')}")
 
@@ -263,6 +267,24 @@ class HostKernel:
                     raise KernelFault(f"{what}: got {type(arg).__name__}")
                 values.append(ctype(arg.item()))
         return values
+
+
+def _exact_copies(args, values: list, signature: KernelSignature) -> list:
+    """Under the sanitizer each array argument is copied to an allocation of exactly its extent, and
+    the kernel gets the copy: a read past what the launch was given (a K/V row past the cache's
+    view, a mask row past its end) is then past an allocation, which ASan reports."""
+    copies = []
+    for i, (param, arg) in enumerate(zip(signature.params, args)):
+        if not param.pointer or not isinstance(arg, np.ndarray) or arg.size == 0:
+            continue
+        if any(s < 0 for s in arg.strides):
+            raise KernelFault("cuda-emu: a negative stride cannot be a kernel argument")
+        extent = sum((n - 1) * s for n, s in zip(arg.shape, arg.strides)) + arg.itemsize
+        copy = np.empty(extent, np.uint8)
+        ctypes.memmove(copy.ctypes.data, arg.__array_interface__["data"][0], extent)
+        values[i] = ctypes.c_void_p(copy.ctypes.data)
+        copies.append((arg, copy, not param.const))
+    return copies
 
 
 def _dims(d) -> tuple[int, int, int]:

@@ -44,6 +44,7 @@
 #ifdef EMU_ASAN
 extern "C" void __sanitizer_start_switch_fiber(void ** fake_stack_save, const void * bottom, size_t size);
 extern "C" void __sanitizer_finish_switch_fiber(void * fake_stack_save, const void ** bottom_old, size_t * size_old);
+extern "C" void __asan_unpoison_memory_region(void const volatile * addr, size_t size);
 #endif
 #if !defined(__x86_64__) || defined(EMU_UCONTEXT)
 #include <ucontext.h>
@@ -95,6 +96,7 @@ struct Thread {
     size_t stack_size = 0;
     uint3 idx{0, 0, 0};
     int linear = 0;
+    int order_pos = 0;  // place in the block's run order
     State state = State::Ready;
     // the barrier or collective it waits at
     Op op = Op::None;
@@ -192,15 +194,31 @@ emu_switch_context:
 )");
 #endif
 
-inline void to_scheduler() {  // from the current thread's fiber
+// The next runnable thread after `after` in the block's run order, or null.
+inline Thread * next_ready(const Thread * after) {
+    const int n = g_launch.n_threads;
+    for (int k = 1; k <= n; ++k) {
+        Thread * t = &g_threads[g_run_order[(after->order_pos + k) % n]];
+        if (t->state == State::Ready) return t;
+    }
+    return nullptr;
+}
+
+// The current thread blocks (or has returned): the next runnable thread goes on, straight from this
+// fiber to its own; the scheduler gets control back only when no thread of the block can run.
+inline void yield_thread() {
+    Thread * me = g_current;
+    Thread * next = next_ready(me);
 #ifdef EMU_ASAN
     void * fake = nullptr;
-    __sanitizer_start_switch_fiber(&fake, g_main_stack_bottom, g_main_stack_size);
+    __sanitizer_start_switch_fiber(me->state == State::Done ? nullptr : &fake, next ? next->stack : g_main_stack_bottom,
+                                   next ? next->stack_size : g_main_stack_size);
 #endif
+    g_current = next;
 #ifdef EMU_USE_UCONTEXT
-    swapcontext(&g_current->uc, &g_scheduler_uc);
+    swapcontext(&me->uc, next ? &next->uc : &g_scheduler_uc);
 #else
-    emu_switch_context(&g_current->sp, g_scheduler_sp);
+    emu_switch_context(&me->sp, next ? next->sp : g_scheduler_sp);
 #endif
 #ifdef EMU_ASAN
     __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
@@ -219,22 +237,28 @@ inline void to_thread(Thread * t) {  // from the scheduler
     emu_switch_context(&g_scheduler_sp, t->sp);
 #endif
 #ifdef EMU_ASAN
-    __sanitizer_finish_switch_fiber(g_fake_stack, &g_main_stack_bottom, &g_main_stack_size);
+    __sanitizer_finish_switch_fiber(g_fake_stack, nullptr, nullptr);
 #endif
     g_on_fiber = false;
 }
 
 inline void thread_main() {
 #ifdef EMU_ASAN
-    __sanitizer_finish_switch_fiber(nullptr, &g_main_stack_bottom, &g_main_stack_size);
+    const void * bottom;
+    size_t size;
+    __sanitizer_finish_switch_fiber(nullptr, &bottom, &size);
+    if (!g_main_stack_bottom) g_main_stack_bottom = bottom, g_main_stack_size = size;  // the first switch is the scheduler's
 #endif
     g_launch.entry(g_launch.args);
     g_current->state = State::Done;
-    to_scheduler();
+    yield_thread();
     __builtin_trap();  // a finished thread is never resumed
 }
 
 inline void thread_start(Thread * t) {
+#ifdef EMU_ASAN
+    __asan_unpoison_memory_region(t->stack, t->stack_size);  // frames of the stack's last thread never returned
+#endif
 #ifdef EMU_USE_UCONTEXT
     getcontext(&t->uc);
     t->uc.uc_stack.ss_sp = t->stack;
@@ -302,7 +326,7 @@ inline int sync_block(Op op, int predicate, const char * file, int line) {
     me->value = predicate != 0;
     me->state = State::Block;
     if (++g_block_arrived < g_launch.n_threads) {
-        to_scheduler();
+        yield_thread();
         return static_cast<int>(me->result);
     }
     // the last thread to arrive: every thread waits at this barrier, with the same kind
@@ -355,7 +379,7 @@ inline uint64_t warp_collective(Op op, unsigned mask, const char * file, int lin
             if (t->state == State::Done)
                 fail("lane %d of warp %d calls %s (%s:%d) but lane %d, named in its mask, has returned", lane,
                      me->linear / kWarp, op_name(op), file, line, l);
-            to_scheduler();  // not everyone is here yet: the last lane completes the collective
+            yield_thread();  // not everyone is here yet: the last lane completes the collective
             return me->result;
         }
     }
@@ -799,18 +823,12 @@ inline void run_block() {
     }
     g_block_arrived = 0;
     if (g_poison_dynamic_shared) g_poison_dynamic_shared(g_launch.dynamic_shared_bytes);  // NaN floats
-    int done = 0;
-    while (done < n) {
-        bool progress = false;
-        for (int k = 0; k < n; ++k) {
-            Thread * t = &g_threads[g_run_order[k]];
-            if (t->state != State::Ready) continue;
-            to_thread(t);
-            progress = true;
-            if (t->state == State::Done) ++done;
-        }
-        if (!progress) report_deadlock();
-    }
+    for (int k = 0; k < n; ++k) g_threads[g_run_order[k]].order_pos = k;
+    // each call runs threads until none can go on: then all have returned, or some wait forever
+    for (int k = 0; k < n; ++k)
+        if (g_threads[g_run_order[k]].state == State::Ready) to_thread(&g_threads[g_run_order[k]]);
+    for (int i = 0; i < n; ++i)
+        if (g_threads[i].state != State::Done) report_deadlock();
 }
 
 inline void on_timeout(int, siginfo_t *, void *) {
