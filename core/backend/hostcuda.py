@@ -11,7 +11,8 @@ reported with its name and launch shape.
 Environment: `LLMSUITE_CUDA_EMU_TIMEOUT` (seconds a launch may run, default 120),
 `LLMSUITE_CUDA_EMU_SCHEDULE` (`forward`, `reverse` or `shuffle`: the order a block's threads
 run in), `LLMSUITE_CUDA_EMU_SANITIZE=1` (an AddressSanitizer/UBSan build; the process must start
-with the ASan runtime preloaded, see scripts/cuda_emu_sanitize.sh), `CXX` (the compiler).
+with the ASan runtime preloaded, see scripts/cuda_emu_sanitize.sh), `CXX` (the compiler),
+`LLMSUITE_CUDA_EMU_CXXFLAGS` (more flags: `-DEMU_UCONTEXT` switches threads with ucontext).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def build_flags() -> list[str]:
              "-fno-extern-tls-init"]  # `extern __shared__` arrays are thread_local ones without initializers
     if _cpu_has("fma"):  # nvcc contracts a * b + c into one rounding, as --fmad=true does by default
         flags.append("-mfma")
+    flags += os.environ.get("LLMSUITE_CUDA_EMU_CXXFLAGS", "").split()  # e.g. -DEMU_UCONTEXT: ucontext's switches
     if sanitizing():
         return flags + ["-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
     return flags + ["-O2"]
