@@ -5,6 +5,9 @@ kernels (1-D weights, the norms, stay f32). Activations are f32; a matmul rounds
 accumulates in f32 (what llama.cpp's CUDA backend does with f16 weights). Attention reads f16
 K/V: an f32 cache is converted per call, so f16 is this backend's default cache type. Host
 masks are uploaded once per mask. Sampling runs here; only the chosen token id reaches the host.
+
+The backend reaches the device through a runtime: CupyRuntime (a GPU), or cuda_emu.EmulatedRuntime
+(`--backend cuda-emu`: the same sources built for the host, arrays in host memory).
 """
 
 from __future__ import annotations
