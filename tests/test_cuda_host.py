@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 from llmsuite.core.backend import get_backend, hostcuda, kernels
-from llmsuite.core.ops import OPS
 from llmsuite.core.testops import run_test, select_cases
 from test_cuda import launched_kernels
 
