@@ -52,8 +52,8 @@ def bench(
     attn: Annotated[ListOpt, typer.Option("--attn", help=f"attention paths: {','.join(ATTN_PATHS)}")] = None,
     attn_impl: Annotated[ListOpt, typer.Option("--attn-impl", help="latent attention (deepseek2): mla,naive")] = None,
     backend: Annotated[ListOpt, typer.Option("--backend", help="backends: cpu,cuda,cuda-emu")] = None,
-    numerics: Annotated[ListOpt, typer.Option("--numerics", help="f32,ggml (ggml: matmul activations rounded as "
-                                              "ggml-cpu does, and its integer dots)")] = None,
+    numerics: Annotated[ListOpt, typer.Option("--numerics", help="ggml,f32 (default: ggml on the cpu, ggml-cpu's "
+                                              "8-bit activations and integer dots; f32 the float reference)")] = None,
     threads: Annotated[ListOpt, typer.Option("-t", "--threads", help="thread counts (the cpu backend)")] = None,
     gpu_layers: opt.GpuLayers = None,
     flash_attn: Annotated[str, typer.Option("-fa", "--flash-attn", help="0|1 (or off|on|auto): 0 runs attention "

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeRemainingColumn
 
 from llmsuite.core import hub
-from llmsuite.core.backend import get_backend
+from llmsuite.core.backend import default_numerics, get_backend
 from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.models import Model, load_model
 
@@ -52,7 +52,7 @@ def progress_display():
         yield progress
 
 
-def ready_backend(name: str, numerics: str = "f32"):
+def ready_backend(name: str, numerics: str | None = None):
     """The backend, refused early if it cannot run; cuda-emu's first build of the host kernels
     (seconds, once per source) shows as progress."""
     with progress_display() as progress:
@@ -65,7 +65,7 @@ def resolve(spec: str | None) -> Path:
         return hub.resolve_model(spec, RichReporter(progress))
 
 
-def open_model(spec: str | None, backend: str = "cpu", cache_types=("f16",), numerics: str = "f32") -> tuple[Model, float]:
+def open_model(spec: str | None, backend: str = "cpu", cache_types=("f16",), numerics: str | None = None) -> tuple[Model, float]:
     """Resolve `-m`, load the model for `backend` with a progress bar and ready the kernels it,
     these KV-cache types and these numerics need; returns (model, load seconds)."""
     path = resolve(spec)
@@ -80,7 +80,7 @@ def open_model(spec: str | None, backend: str = "cpu", cache_types=("f16",), num
         progress.update(task, description="preparing cpu kernels (numba compiles them once per machine)",
                         total=None)
         model.backend.prepare(model.weight_types, state_space=model.is_recurrent, cache_types=cache_types,
-                              numerics=numerics)
+                              numerics=numerics or default_numerics(backend))
     for note in getattr(model.backend, "notes", []):
         log(note)
     if model.backend.name != "cpu":

@@ -37,7 +37,7 @@ def embed(
     cache_type_k: opt.CacheTypeK = None,
     cache_type_v: opt.CacheTypeV = None,
     backend: opt.Backend = "cpu",
-    numerics: opt.Numerics = "f32",
+    numerics: opt.Numerics = None,
 ) -> None:
     """Embed texts (llama-embedding): the vectors go to stdout, nothing until all are made."""
     inputs = _inputs(texts or [], file, separator)

@@ -43,7 +43,7 @@ def generate(
     backend: opt.Backend = "cpu",
     attn: opt.Attn = "auto",
     attn_impl: opt.AttnImpl = "auto",
-    numerics: opt.Numerics = "f32",
+    numerics: opt.Numerics = None,
     sparse_topk: opt.SparseTopk = 0,
     sparse_block: opt.SparseBlock = opt.SPARSE.block,
     sparse_local: opt.SparseLocal = opt.SPARSE.local,

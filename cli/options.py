@@ -34,7 +34,9 @@ SparseTopk = Annotated[int, typer.Option("--sparse-topk", help="block top-k: kee
 SparseBlock = Annotated[int, typer.Option("--sparse-block", help="cells per block of --sparse-topk (a power of two)")]
 SparseLocal = Annotated[int, typer.Option("--sparse-local", help="last positions --sparse-topk always keeps (<= K; -1: min(128, K))")]
 SparseLayers = Annotated[str, typer.Option("--sparse-layers", help="layers that select: '2-', 'all', '0,4-9', 'none'")]
-Numerics = Annotated[str, typer.Option("--numerics", help="f32 | ggml (matmul activations rounded as ggml-cpu does)")]
+Numerics = Annotated[Optional[str], typer.Option("--numerics", help="ggml | f32: ggml (the cpu's default) rounds matmul "
+                                                  "activations to 8-bit blocks and takes integer dots, as ggml-cpu does; "
+                                                  "f32 is the float reference (the CUDA backends' numerics)")]
 Threads = Annotated[int, typer.Option("-t", "--threads", help="threads for a one-token step (0: all cores)")]
 ThreadsBatch = Annotated[int, typer.Option("-tb", "--threads-batch", help="threads for batches (0: as -t)")]
 Verbose = Annotated[bool, typer.Option("-v", "--verbose", help="log details; tracebacks on errors (as llm -v)")]
@@ -91,7 +93,7 @@ def process_escapes(text: str) -> str:
 
 def context_params(ctx_size: int, batch_size: int, ubatch_size: int, parallel: int, kv: str, ctx: str,
                    swa_full: bool, cache_type_k: str | None, cache_type_v: str | None, backend: str = "cpu",
-                   attn: str = "auto", numerics: str = "f32", sparse: SparseParams | None = None,
+                   attn: str = "auto", numerics: str | None = None, sparse: SparseParams | None = None,
                    attn_impl: str = "auto", threads: int = 0, threads_batch: int = 0) -> ContextParams:
     """The flags as ContextParams (-ctk/-ctv None: not given), checked before any model is loaded."""
     given = cache_type_k is not None or cache_type_v is not None
@@ -104,7 +106,7 @@ def context_params(ctx_size: int, batch_size: int, ubatch_size: int, parallel: i
     params.validate()
     from .common import ready_backend
 
-    ready_backend(backend, numerics)  # an unavailable backend is refused before the model loads
+    ready_backend(backend, params.numerics)  # an unavailable backend is refused before the model loads
     return params
 
 

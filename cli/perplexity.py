@@ -42,7 +42,7 @@ def perplexity(
     backend: opt.Backend = "cpu",
     attn: opt.Attn = "auto",
     attn_impl: opt.AttnImpl = "auto",
-    numerics: opt.Numerics = "f32",
+    numerics: opt.Numerics = None,
     threads: opt.Threads = 0,
     threads_batch: opt.ThreadsBatch = 0,
     gpu_layers: opt.GpuLayers = None,

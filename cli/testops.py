@@ -34,7 +34,9 @@ def test_ops(
         raise InvalidInputError(f"unknown mode '{mode}' (choose from {', '.join(MODES)})")
     if output not in ("console", "csv", "json"):
         raise InvalidInputError(f"unknown output '{output}' (console, csv or json)")
-    backends = [get_backend(backend)] if backend else [get_backend(name) for name in available_backends()]
+    # every backend in its float numerics: the ops' references are float products (MUL_MAT_GGML checks ggml's)
+    names = [backend] if backend else available_backends()
+    backends = [get_backend(name, numerics="f32") for name in names]
     cases = select_cases(op, params, quick=quick, perf=mode == "perf")
     console = output == "console"
     color = sys.stdout.isatty()

@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from .backend import default_cache_type
+from .backend import default_cache_type, default_numerics
 from .batch import Batch
 from .context import Context, ContextParams, DecodeStatus
 from .errors import InvalidInputError, LLMError
@@ -91,7 +91,7 @@ class Instance:
     model: str
     test: Test
     backend: str = "cpu"
-    numerics: str = "f32"  # ggml: matmul activations rounded as ggml-cpu does (its integer dots)
+    numerics: str = ""  # "": the backend's default (ggml on the cpu: ggml-cpu's 8-bit activations and integer dots)
     n_threads: int = 0  # 0: every core
     kv: str = "auto"
     attn_impl: str = "auto"  # latent-attention models: mla or naive
@@ -104,6 +104,8 @@ class Instance:
     sparse: SparseParams = SparseParams()  # block, local and layers of --sparse-topk
 
     def __post_init__(self):
+        if not self.numerics:
+            object.__setattr__(self, "numerics", default_numerics(self.backend))
         for name in ("type_k", "type_v"):
             if not getattr(self, name):
                 object.__setattr__(self, name, default_cache_type(self.backend))

@@ -82,8 +82,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--models", default="smollm2-135m,gemma3-270m")
     ap.add_argument("--fixtures", default=str(Path(__file__).resolve().parent.parent / "tests/fixtures/real"))
-    ap.add_argument("--numerics", default="f32", choices=("f32", "ggml"),
-                    help="ggml: matmul activations rounded as ggml-cpu does")
+    ap.add_argument("--numerics", default="ggml", choices=("f32", "ggml"),
+                    help="ggml (the default): matmul activations rounded as ggml-cpu does; f32: the float reference")
     args = ap.parse_args()
     global NUMERICS
     NUMERICS = args.numerics

@@ -4,9 +4,13 @@ shapes and weight types, so the same work per token. For speed checks where the 
 go (the GPU machine reaches no package index and takes 64 MiB of files); its text is gibberish.
 
     python scripts/random_model.py smollm2-135m /tmp/smollm2-shaped.gguf [--ctx 40960]
+    LLAMACPP_BIN=… python scripts/random_model.py llama-3.2-1b /tmp/llama1b-q4km.gguf --quantize Q4_K_M
 
 --ctx declares a longer trained context (not a shape: the speed per token is the same), so that
-llm bench accepts depths beyond the real model's 8192 positions.
+llm bench accepts depths beyond the real model's 8192 positions. --quantize writes the F16 model
+first and quantizes it with llama.cpp's own `llama-quantize` (from $LLAMACPP_BIN): gguf-py has no
+K-quant writer, and the real files' mixes (Q4_K_M: Q4_K with Q6_K for some tensors) are
+llama-quantize's choice. A measuring stick only: llmsuite never needs llama.cpp.
 
 The tokenizer is a byte-level BPE with one merge and filler tokens up to the real vocabulary size.
 """
@@ -14,6 +18,8 @@ The tokenizer is a byte-level BPE with one merge and filler tokens up to the rea
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -29,6 +35,13 @@ PRESETS = {
     "gemma3-270m": dict(arch="gemma3", n_vocab=262144, n_embd=640, n_layer=18, n_head=4, n_head_kv=1, head_dim=256,
                         n_ff=2048, n_ctx=32768, rope_base=1e6, eps=1e-6, sliding_window=512,
                         matrix_type=Q.Q5_0, embd_type=Q.Q8_0, file_type=F.MOSTLY_Q5_0),
+    # Llama-3.2-1B and Qwen3-1.7B, written in F16 for --quantize (Q4_K_M, Q8_0) to turn into the real mixes
+    "llama-3.2-1b": dict(arch="llama", n_vocab=128256, n_embd=2048, n_layer=16, n_head=32, n_head_kv=8, head_dim=64,
+                         n_ff=8192, n_ctx=131072, rope_base=500000.0, eps=1e-5, matrix_type=Q.F16, embd_type=Q.F16,
+                         file_type=F.MOSTLY_F16),
+    "qwen3-1.7b": dict(arch="qwen3", n_vocab=151936, n_embd=2048, n_layer=28, n_head=16, n_head_kv=8, head_dim=128,
+                       n_ff=6144, n_ctx=40960, rope_base=1e6, eps=1e-6, matrix_type=Q.F16, embd_type=Q.F16,
+                       file_type=F.MOSTLY_F16),
     # Mamba-130M (state-spaces/mamba-130m) quantized like SmolLM2 above, for a recurrent model of the
     # same size: Q4_1 projections, the rank-48 step projection F32 (no block fits 48), Q8_0 embeddings
     "mamba-130m": dict(arch="mamba", n_vocab=50280, n_embd=768, n_layer=24, d_inner=1536, d_state=16, d_conv=4,
@@ -72,6 +85,8 @@ def layer_tensors(p: dict, il: int) -> dict[str, tuple[tuple[int, ...], str]]:
            f"{blk}.ffn_gate.weight": ((ff, e), "matrix"),
            f"{blk}.ffn_up.weight": ((ff, e), "matrix"),
            f"{blk}.ffn_down.weight": ((e, ff), "matrix")}
+    if p["arch"] == "qwen3":
+        out.update({f"{blk}.attn_q_norm.weight": ((hd,), "norm"), f"{blk}.attn_k_norm.weight": ((hd,), "norm")})
     if p["arch"] == "gemma3":
         out.update({f"{blk}.attn_q_norm.weight": ((hd,), "norm"), f"{blk}.attn_k_norm.weight": ((hd,), "norm"),
                     f"{blk}.post_attention_norm.weight": ((e,), "norm"),
@@ -134,6 +149,8 @@ def random_tensor(rng: np.random.Generator, shape: tuple[int, ...], kind: str, q
     data = rng.standard_normal(shape, dtype=np.float32) * np.float32(1.0 / np.sqrt(shape[-1]))
     if kind == "f32":
         return data, None
+    if qtype == Q.F16:
+        return data.astype(np.float16), None
     return quants.quantize(data, qtype), qtype
 
 
@@ -167,10 +184,31 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ctx", type=int, default=0, help="declared context length (default: the real model's)")
+    parser.add_argument("--quantize", metavar="TYPE", help="llama-quantize's file type (Q4_K_M, Q8_0, …), with $LLAMACPP_BIN")
     args = parser.parse_args()
     t0 = time.perf_counter()
-    write_random_model(args.preset, args.out, args.seed, args.ctx)
+    if args.quantize:
+        write_quantized(args.preset, args.out, args.quantize, args.seed, args.ctx)
+    else:
+        write_random_model(args.preset, args.out, args.seed, args.ctx)
     print(f"wrote {args.out} ({args.out.stat().st_size / 2**20:.1f} MiB) in {time.perf_counter() - t0:.1f} s")
+
+
+def write_quantized(preset: str, path: Path, file_type: str, seed: int = 0, n_ctx: int = 0) -> Path:
+    """The preset in F16, quantized to `file_type` by $LLAMACPP_BIN/llama-quantize (the F16 file is removed)."""
+    quantize = Path(os.environ.get("LLAMACPP_BIN", "")) / "llama-quantize"
+    if not quantize.is_file():
+        raise SystemExit("error: --quantize needs LLAMACPP_BIN, the folder of llama-quantize "
+                         "(../shared/tools/build-llamacpp.sh prints it)")
+    f16 = path.with_name(path.name + ".f16.tmp")
+    try:
+        write_random_model(preset, f16, seed, n_ctx, matrix_type=Q.F16, embd_type=Q.F16, file_type=F.MOSTLY_F16)
+        subprocess.run([str(quantize), str(f16), str(path), file_type], check=True, capture_output=True, text=True)
+    except subprocess.CalledProcessError as e:
+        raise SystemExit(f"error: llama-quantize failed: {(e.stderr or e.stdout).strip().splitlines()[-1]}") from None
+    finally:
+        f16.unlink(missing_ok=True)
+    return path
 
 
 if __name__ == "__main__":

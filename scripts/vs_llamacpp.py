@@ -2,7 +2,12 @@
 with the same thread count, in one run, and the ratio of their speeds.
 
     LLAMACPP_BIN=$(../shared/tools/build-llamacpp.sh) python scripts/vs_llamacpp.py [-t 2] [-r 3]
-        [-m smollm2-135m,gemma3-270m] [--tests pp512,tg128,tg32@d4096,pp512@d4096] [--numerics f32,ggml]
+        [-m smollm2-135m,gemma3-270m,llama-3.2-1b:Q4_K_M] [--tests pp512,tg128,tg32@d4096,pp512@d4096]
+        [--numerics ggml,f32]
+
+A model is a known name, a GGUF path, or PRESET:TYPE: a random-weight model of a real model's
+shapes (scripts/random_model.py's presets, e.g. llama-3.2-1b or qwen3-1.7b) quantized to TYPE by
+llama-quantize, made once and kept in $LLMSUITE_HOME/random/.
 
 The tools alternate test by test (llama.cpp, then llmsuite), so a machine whose speed drifts
 affects both sides of a ratio alike. Threads: llama-bench's -t; for llmsuite, numba's and BLAS's
@@ -19,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from llmsuite.core.hub import resolve_model
+from llmsuite.core.hub import home, resolve_model
 
 SPEC = re.compile(r"(pp|tg)(\d+)(?:@d(\d+))?$")
 
@@ -42,13 +47,28 @@ def llm_bench(model: str, test: str, threads: int, reps: int, numerics: str) -> 
     return float(rows[0]["avg_ts"])
 
 
+def model_path(name: str, bin_dir: Path) -> Path:
+    """A known name or path as `llm` resolves it; PRESET:TYPE made (once) with random_model.py."""
+    if ":" not in name:
+        return resolve_model(name)
+    preset, file_type = name.split(":", 1)
+    path = home() / "random" / f"{preset}-{file_type}.gguf"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        print(f"(making {path.name} with llama-quantize)", file=sys.stderr, flush=True)
+        script = Path(__file__).with_name("random_model.py")
+        subprocess.run([sys.executable, str(script), preset, str(path), "--quantize", file_type], check=True,
+                       env={**os.environ, "LLAMACPP_BIN": str(bin_dir)})
+    return path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-r", "--repetitions", type=int, default=3)
     ap.add_argument("-m", "--models", default="smollm2-135m,gemma3-270m")
     ap.add_argument("--tests", default="pp512,tg128,tg32@d4096,pp512@d4096")
-    ap.add_argument("--numerics", default="f32", help="llmsuite's numerics, a column each: f32, ggml or f32,ggml")
+    ap.add_argument("--numerics", default="ggml", help="llmsuite's numerics, a column each: ggml, f32 or ggml,f32")
     args = ap.parse_args()
     numerics = args.numerics.split(",")
     bin_dir = os.environ.get("LLAMACPP_BIN")
@@ -58,14 +78,14 @@ def main() -> None:
     print(f"| model | test | llama.cpp t/s |{ours_cols}  (-t {args.threads}, -r {args.repetitions})")
     print("| --- | --- | ---: |" + " ---: | ---: |" * len(numerics))
     for name in args.models.split(","):
-        path = resolve_model(name)
+        path = model_path(name, Path(bin_dir))
         for test in args.tests.split(","):
             if not SPEC.match(test):
                 sys.exit(f"error: test '{test}' is not ppN, tgN, ppN@dD or tgN@dD")
             ref = llama_bench(Path(bin_dir), path, test, args.threads, args.repetitions)
             cells = ""
             for n in numerics:
-                ours = llm_bench(name, test, args.threads, args.repetitions, n)
+                ours = llm_bench(str(path), test, args.threads, args.repetitions, n)
                 cells += f" {ours:.1f} | {ours / ref:.2f}x |"
             print(f"| {name} | {test} | {ref:.1f} |{cells}", flush=True)
 

@@ -28,6 +28,7 @@ def greedy() -> Sampler:
     return Sampler(SamplerParams(temp=0))
 
 
+@pytest.mark.float_reference
 def test_five_turns_decode_only_new_tokens_and_answer_as_single_shot():
     model = real_model("smollm2-135m")
     params = ContextParams(n_ctx=2048, type_k="f16", type_v="f16")

@@ -155,7 +155,8 @@ def test_real_shapes_run_the_attention_kernels(tmp_path, preset, attn):
     prompt = list(range(3, 40))
     logits = {}
     for backend in ("cpu", "cuda-emu"):
-        ctx = Context(load_model(path, backend=backend), ContextParams(n_ctx=64, n_ubatch=64, backend=backend, attn=attn))
+        ctx = Context(load_model(path, backend=backend), ContextParams(n_ctx=64, n_ubatch=64, backend=backend, attn=attn,
+                                                                       numerics="f32"))
         assert ctx.decode(Batch.from_tokens(prompt, all_outputs=True)) == 0, ctx.last_error
         logits[backend] = np.asarray(ctx.backend.to_numpy(ctx.logits), np.float64)
     assert np.abs(logits["cuda-emu"] - logits["cpu"]).max() <= REL_LOGIT_BOUND * np.abs(logits["cpu"]).max()

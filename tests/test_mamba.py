@@ -71,6 +71,7 @@ def test_matches_llama_cpp_with_ggml_numerics(arch):
         assert np.abs(np.concatenate(seen[name]) - expected).max() / np.abs(expected).max() < 5e-3, name
 
 
+@pytest.mark.float_reference
 @pytest.mark.parametrize("arch", ARCHS)
 def test_f32_numerics_differ_by_the_activation_rounding_only(arch):
     """In float32 throughout, the difference is llama.cpp's rounding of the activations (about 0.5 %
@@ -82,6 +83,7 @@ def test_f32_numerics_differ_by_the_activation_rounding_only(arch):
     assert diffs.max() < 0.05 and emulated.max() < diffs.max() / 3
 
 
+@pytest.mark.float_reference
 @pytest.mark.parametrize("arch", ARCHS)
 def test_ubatch_size_does_not_change_logits(arch):
     ids = reference(arch)["ids"]
@@ -90,6 +92,7 @@ def test_ubatch_size_does_not_change_logits(arch):
     np.testing.assert_allclose(split, one_pass, atol=1e-5, rtol=0)
 
 
+@pytest.mark.float_reference
 @pytest.mark.parametrize("arch", ARCHS)
 def test_a_sequence_alone_equals_it_in_a_batch_of_three(arch):
     ids = reference(arch)["ids"]
@@ -170,6 +173,7 @@ def test_a_failed_ubatch_leaves_every_cell_as_before(arch, monkeypatch):
     assert state_bytes(ctx) == before
 
 
+@pytest.mark.float_reference
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_no_kv_oracle_agrees(arch):
     ids = reference(arch)["ids"][:24]

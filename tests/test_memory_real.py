@@ -39,6 +39,7 @@ def greedy(model, prompt, steps=STEPS, **params):
     return tokens, np.array(logits)
 
 
+@pytest.mark.float_reference
 @pytest.mark.parametrize("name", list(KINDS))
 def test_memory_kinds_agree(name):
     """Same greedy tokens for every kind and both cache types; logits within the cache type's
@@ -68,6 +69,7 @@ def test_window_cache_over_a_long_prompt():
         assert tokens == ref_tokens and np.abs(logits - ref_logits).max() <= 1e-3, kind
 
 
+@pytest.mark.float_reference
 def test_tiny_gemma3_every_kind_matches_recomputation():
     """Window 8 over 150 tokens: all caches equal the no-cache oracle step by step."""
     prompt = list(range(1000, 1150))
@@ -87,6 +89,7 @@ def test_sparse_window_attention_equals_dense(kv):
     assert sparse_tokens == dense_tokens and np.abs(sparse_logits - dense_logits).max() <= 1e-4
 
 
+@pytest.mark.float_reference
 @pytest.mark.parametrize("name", list(KINDS))
 def test_q8_0_cache_stays_within_llama_cpp_tolerance(name):
     fixture = load_fixture(f"real/{name}.logits.json")
@@ -98,6 +101,7 @@ def test_q8_0_cache_stays_within_llama_cpp_tolerance(name):
     assert diffs.mean() <= 0.3 and diffs.max() <= 1.5
 
 
+@pytest.mark.float_reference
 @pytest.mark.parametrize("kv", ["unified", "split"])
 def test_sequences_decoded_together_equal_each_alone(kv):
     model = real_model("smollm2-135m")
@@ -121,6 +125,7 @@ def test_sequences_decoded_together_equal_each_alone(kv):
     assert together == alone
 
 
+@pytest.mark.float_reference
 @pytest.mark.parametrize("kv", ["unified", "split", "none"])
 def test_shared_prefix_equals_recomputation(kv):
     model = real_model("smollm2-135m")
@@ -134,6 +139,7 @@ def test_shared_prefix_equals_recomputation(kv):
     np.testing.assert_allclose(ctx.logits, fresh.logits[-2:], atol=1e-3, rtol=0)
 
 
+@pytest.mark.float_reference
 @pytest.mark.parametrize("name, params", [("smollm2-135m", dict(kv="unified")), ("smollm2-135m", dict(kv="none")),
                                           ("gemma3-270m", dict(kv="iswa")), ("gemma3-270m", dict(kv="split", n_seq_max=2))])
 def test_save_load_continue_equals_uninterrupted(tmp_path, name, params):
@@ -163,6 +169,7 @@ SHIFTABLE = [("smollm2-135m", dict(kv="unified")), ("smollm2-135m", dict(kv="spl
              ("gemma3-270m", dict(kv="iswa", swa_full=True)), ("gemma3-270m", dict(kv="none"))]
 
 
+@pytest.mark.float_reference
 @pytest.mark.parametrize("delta", [25, -30])
 @pytest.mark.parametrize("name, params", SHIFTABLE)
 def test_shifted_cache_equals_decode_at_the_new_positions(name, params, delta):

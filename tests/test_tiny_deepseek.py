@@ -66,6 +66,7 @@ def test_logits_match_llama_cpp(name, params, tolerance):
         assert np.abs(seen[tensor][rows] - expected[rows]).max() / np.abs(expected).max() < 1e-2, tensor
 
 
+@pytest.mark.float_reference
 def test_naive_and_latent_attention_agree():
     """The absorbed (mla) and expanded (naive) forms compute the same attention: with an f32 cache
     the logits agree to 1e-4 relative (measured 1.7e-6)."""
@@ -130,6 +131,7 @@ def test_the_mask_is_the_truth_whatever_the_path(attn):
     np.testing.assert_allclose(forced, auto, atol=1e-4, rtol=0)
 
 
+@pytest.mark.float_reference
 @pytest.mark.parametrize("name,params", [("deepseek2", {}), ("deepseek2", {"attn_impl": "naive"}),
                                          ("deepseek32", {"type_k": "f32", "type_v": "f32"})])
 def test_shifted_cache_equals_a_fresh_decode(name, params):
@@ -228,6 +230,7 @@ def combined_kv_b_model(tmp_path):
     return out
 
 
+@pytest.mark.float_reference
 @pytest.mark.parametrize("attn_impl", ["mla", "naive"])
 def test_a_combined_kv_b_tensor_gives_the_same_model(tmp_path, attn_impl):
     from llmsuite.core.models import load_model
@@ -241,6 +244,7 @@ def test_a_combined_kv_b_tensor_gives_the_same_model(tmp_path, attn_impl):
     np.testing.assert_allclose(combined.logits, split.logits, atol=1e-4, rtol=0)
 
 
+@pytest.mark.float_reference
 @pytest.mark.parametrize("name", ["deepseek2", "deepseek32"])
 def test_the_cache_less_oracle_agrees(name):
     """--kv none recomputes every prefix (the indexer then scores the batch's own keys): the same

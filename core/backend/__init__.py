@@ -1,11 +1,13 @@
 """Backends: an array module plus the ops the models call. `cpu` is NumPy; `cuda` needs CuPy and a GPU."""
 
+import os
+
 from ..errors import InvalidInputError
 from .cpu import CPUBackend
 
 BACKENDS = ("cpu", "cuda", "cuda-emu")
 __all__ = ["BACKENDS", "NUMERICS", "CPUBackend", "BackendUnavailable", "available_backends", "cuda_unavailable_reason", "default_cache_type",
-           "get_backend"]
+           "default_numerics", "get_backend"]
 
 
 class BackendUnavailable(InvalidInputError):
@@ -44,8 +46,20 @@ def available_backends() -> list[str]:
 NUMERICS = ("f32", "ggml")
 
 
-def get_backend(name: str = "cpu", attn_path: str = "auto", numerics: str = "f32", progress=None):
-    """A backend by name; `progress` hears of slow first-time work (cuda-emu's host build)."""
+def default_numerics(backend: str) -> str:
+    """ggml on the cpu: matmul activations rounded to 8-bit blocks and ggml's integer dots, as
+    llama.cpp's CPU backend computes (this engine exists to reproduce it); f32, the float reference
+    without that rounding, is a flag away (--numerics f32, or LLMSUITE_NUMERICS=f32 for every command).
+    The CUDA backends compute in f16/f32 as llama.cpp's CUDA backend does: f32 is their only numerics."""
+    if backend != "cpu":
+        return "f32"
+    return os.environ.get("LLMSUITE_NUMERICS") or "ggml"
+
+
+def get_backend(name: str = "cpu", attn_path: str = "auto", numerics: str | None = None, progress=None):
+    """A backend by name (numerics None: the backend's default); `progress` hears of slow first-time
+    work (cuda-emu's host build)."""
+    numerics = numerics or default_numerics(name)
     if numerics not in NUMERICS:
         raise InvalidInputError(f"unknown --numerics '{numerics}' (choose from {', '.join(NUMERICS)})")
     if name == "cpu":

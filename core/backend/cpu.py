@@ -80,9 +80,11 @@ class CPUBackend(ArrayAlgebra):
     xp = np
     reads_value_views = False  # attention reads f16/f32 cache rows in place only when they are whole rows
 
-    def __init__(self, attn_path: str = "auto", numerics: str = "f32"):
+    def __init__(self, attn_path: str = "auto", numerics: str | None = None):
         self.attn_path = attn_path  # "auto", "dense" or "sparse" (forced where the hint allows it)
-        self.numerics = numerics  # "f32", or "ggml": matmul activations rounded as ggml-cpu does
+        from . import default_numerics
+
+        self.numerics = numerics or default_numerics("cpu")  # "ggml": matmul activations rounded as ggml-cpu does
         self._buffers: dict[str, np.ndarray] = {}
         self.notes: list[str] = []  # fallbacks taken while loading, for -v
 
@@ -148,12 +150,13 @@ class CPUBackend(ArrayAlgebra):
                               "expanded to f32 at load")
         return out
 
-    def prepare(self, weight_types, state_space: bool = False, cache_types=("f16",), numerics: str = "f32") -> None:
+    def prepare(self, weight_types, state_space: bool = False, cache_types=("f16",), numerics: str | None = None) -> None:
         """Compile (the first time on a machine) or load from numba's cache the kernels a model
         with these weight types (and, for a recurrent model, the state-space ops) needs: each one
         runs once on a one-block weight. Decode attention is warmed for the cache types given
         (f16 and f32 caches are read in place, each by its own compiled variant; other types
-        take the block kernels), and the integer dots for ggml numerics."""
+        take the block kernels), and the integer dots for ggml numerics (None: this backend's)."""
+        numerics = numerics or self.numerics
         kernels = qkernels()
         x = np.ones((1, 256), dtype=np.float32)
         try:
