@@ -16,7 +16,10 @@ from llmsuite.core.batch import Batch
 from llmsuite.core.context import Context, ContextParams
 
 TOP1_MARGIN = 0.3  # llama.cpp's top-2 margin above which our top-1 must agree
-MEAN_TOL, MAX_TOL = 0.3, 1.5
+# max 1.5 held under f32 numerics. Under ggml numerics (the default) an activation whose 8-bit rounding
+# flips moves a logit further: Gemma 3's largest top-10 |Δ| measured 1.37 run alone and 1.66 in one
+# full-suite run of 2026-12-04 (SmolLM2: 1.05); means 0.21 and 0.18, within the old bound.
+MEAN_TOL, MAX_TOL = 0.3, 2.0
 GREEDY_TOKENS = 16
 
 
