@@ -1,4 +1,5 @@
-"""Backends: an array module plus the ops the models call. `cpu` is NumPy; `cuda` needs CuPy and a GPU."""
+"""Backends: an array module plus the ops the models call. `cpu` is NumPy; `cuda` needs CuPy and a GPU;
+`cuda-emu` is the cuda backend over the kernels built for the host (docs/cuda-emu.md)."""
 
 import os
 
