@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeRemainingColumn
 
 from llmsuite.core import hub
-from llmsuite.core.backend import default_numerics, get_backend
+from llmsuite.core.backend import get_backend
 from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.models import Model, load_model
 
@@ -80,7 +80,7 @@ def open_model(spec: str | None, backend: str = "cpu", cache_types=("f16",), num
         progress.update(task, description="preparing cpu kernels (numba compiles them once per machine)",
                         total=None)
         model.backend.prepare(model.weight_types, state_space=model.is_recurrent, cache_types=cache_types,
-                              numerics=numerics or default_numerics(backend))
+                              numerics=numerics)  # None: the backend's own (its default)
     for note in getattr(model.backend, "notes", []):
         log(note)
     if model.backend.name != "cpu":

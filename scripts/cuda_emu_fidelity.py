@@ -16,6 +16,7 @@ agreement where the CPU's margin is at least 0.05, and how many of the greedy to
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,7 +98,6 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--reference", default="cpu", choices=("cpu", "cuda"), help="the backend to compare with")
     args = parser.parse_args()
-    import json
 
     print(f"cuda-emu against {args.reference}\n")
     print("| model | max \\|Δ\\| / max \\|logit\\| | first indexer flip | top-1 (margin ≥ 0.05) | greedy tokens equal |")

@@ -266,3 +266,16 @@ def test_sanitizer_run_of_test_ops_has_no_reports():
                           env={**os.environ, "PYTHON": sys.executable})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "sanitizer reports: 0" in done.stdout and "Backend cuda-emu: OK" in done.stdout
+
+
+@pytest.mark.parametrize("variable, value, message", [
+    ("LLMSUITE_CUDA_EMU_TIMEOUT", "soon", "LLMSUITE_CUDA_EMU_TIMEOUT is 'soon' (a number of seconds above 0)"),
+    ("LLMSUITE_CUDA_EMU_SCHEDULE", "sideways", "LLMSUITE_CUDA_EMU_SCHEDULE is 'sideways' (choose from forward, "
+                                               "reverse, shuffle)"),
+    ("LLMSUITE_NUMERICS", "int4", "LLMSUITE_NUMERICS is 'int4' (choose from f32, ggml)"),
+])
+def test_a_bad_setting_in_the_environment_is_one_sentence(variable, value, message):
+    backend = "cpu" if variable == "LLMSUITE_NUMERICS" else "cuda-emu"
+    done = llm("generate", "--backend", backend, "-m", str(FIDELITY["TINY"] / "tiny-qwen3.gguf"), "-p", "hi", "-n", "2",
+               env={variable: value})
+    assert done.returncode == 1 and done.stderr == f"error: {message}\n" and not done.stdout

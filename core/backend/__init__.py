@@ -54,7 +54,10 @@ def default_numerics(backend: str) -> str:
     The CUDA backends compute in f16/f32 as llama.cpp's CUDA backend does: f32 is their only numerics."""
     if backend != "cpu":
         return "f32"
-    return os.environ.get("LLMSUITE_NUMERICS") or "ggml"
+    chosen = os.environ.get("LLMSUITE_NUMERICS") or "ggml"
+    if chosen not in NUMERICS:
+        raise InvalidInputError(f"LLMSUITE_NUMERICS is '{chosen}' (choose from {', '.join(NUMERICS)})")
+    return chosen
 
 
 def get_backend(name: str = "cpu", attn_path: str = "auto", numerics: str | None = None, progress=None):

@@ -24,6 +24,7 @@ import re
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -66,7 +67,14 @@ def sanitizing() -> bool:
 
 
 def timeout_seconds() -> float:
-    return float(os.environ.get("LLMSUITE_CUDA_EMU_TIMEOUT", "120"))
+    value = os.environ.get("LLMSUITE_CUDA_EMU_TIMEOUT", "120")
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise InvalidInputError(f"LLMSUITE_CUDA_EMU_TIMEOUT is '{value}' (a number of seconds above 0)")
+    return seconds
 
 
 def build_flags() -> list[str]:
@@ -80,6 +88,7 @@ def build_flags() -> list[str]:
     return flags + ["-O2"]
 
 
+@lru_cache(maxsize=None)
 def _cpu_has(flag: str) -> bool:
     try:
         return any(line.startswith("flags") and f" {flag} " in f"{line} " for line in open("/proc/cpuinfo"))
@@ -132,6 +141,7 @@ def library_path(file_name: str, cxx: str) -> tuple[Path, str]:
     return cache_dir() / f"{stem}-{key.hexdigest()[:16]}{'-asan' if sanitizing() else ''}.so", source
 
 
+@lru_cache(maxsize=None)  # part of every cache key: one `--version` run per process, not per lookup
 def _compiler_version(cxx: str) -> str:
     try:
         return subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout

@@ -105,8 +105,7 @@ struct Thread {
     unsigned mask = 0;
     int arg = 0, width = 0;
     uint64_t value = 0, result = 0;
-    const void * wmma_args[4] = {nullptr, nullptr, nullptr, nullptr};
-    void (*wmma_fn)(Thread * const *, int) = nullptr;  // computes a wmma collective for the whole warp
+    const void * wmma_args[4] = {nullptr, nullptr, nullptr, nullptr};  // mma_sync's d, a, b, c
 };
 
 struct Launch {
