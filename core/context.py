@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import NUMERICS, default_numerics, get_backend
+from .backend import NUMERICS, get_backend
 from .batch import Batch, BatchAllocator
 from .cross import CrossInput
 from .embeddings import POOLING_NAMES, pool
@@ -50,15 +50,11 @@ class ContextParams(MemoryParams):
     """What a context is built with: the memory's parameters plus batching and the backend."""
     n_batch: int = 2048
     backend: str = "cpu"
-    numerics: str | None = None  # None: the backend's default (ggml on the cpu, f32 on cuda; see default_numerics)
+    numerics: str | None = None  # None: the backend's default when the context is built (ggml on the cpu, f32 on cuda)
     embeddings: bool = False  # outputs are hidden states (per token, or pooled), not logits
     pooling: str = "auto"  # auto: the model's pooling type
     n_threads: int = 0  # -t: CPU threads for a one-token step (0: as they are)
     n_threads_batch: int = 0  # -tb: for larger batches (0: as -t)
-
-    def __post_init__(self):
-        if self.numerics is None:
-            self.numerics = default_numerics(self.backend)
 
     def validate(self) -> None:
         """Refuse flag values that cannot work whatever the model (checked before loading one)."""
@@ -70,7 +66,7 @@ class ContextParams(MemoryParams):
             raise InvalidInputError("-b and -ub must be positive")
         if self.n_ubatch > self.n_batch:
             raise InvalidInputError(f"the micro-batch (-ub {self.n_ubatch}) cannot exceed the batch (-b {self.n_batch})")
-        if self.numerics not in NUMERICS:
+        if self.numerics is not None and self.numerics not in NUMERICS:
             raise InvalidInputError(f"unknown --numerics '{self.numerics}' (choose from {', '.join(NUMERICS)})")
         if self.attn not in ATTN_PATHS:
             raise InvalidInputError(f"unknown --attn '{self.attn}' (choose from {', '.join(ATTN_PATHS)})")
