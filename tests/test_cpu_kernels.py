@@ -255,16 +255,17 @@ def test_integer_dots_cover_the_types_real_models_use():
 @pytest.mark.skipif(not ikernels.AVAILABLE, reason="the numba rounding runs where the integer dots do")
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_1", "Q8_0", "Q4_K", "Q6_K"])
 def test_prompt_rows_round_in_numba_exactly_as_in_numpy(name, monkeypatch):
-    """Many rows under ggml numerics round in parallel numba (ikernels.round_q8_rows/_k_rows):
-    the products equal those of quants.ggml_activations' NumPy rounding bit for bit."""
+    """Many rows on ggml numerics' float path (rows the 8-bit GEMM does not take) round in
+    parallel numba (ikernels.round_q8_rows/_k_rows): the products equal those of
+    quants.ggml_activations' NumPy rounding bit for bit."""
     rng = np.random.default_rng(3)
     w = QuantWeight.from_raw(np.ascontiguousarray(random_weight(rng, name, 40, 512)).view(np.uint8), T[name], (40, 512))
     x = rng.standard_normal((20, 512)).astype(np.float32)
     x[3, :32] *= 60
     ggml = CPUBackend(numerics="ggml")
-    fast = ggml.matmul(x, w)
+    fast = ggml._matmul_ggml_float(x, w, np.empty((20, 40), np.float32))
     monkeypatch.setattr(ikernels, "AVAILABLE", False)
-    np.testing.assert_array_equal(fast, ggml.matmul(x, w))
+    np.testing.assert_array_equal(fast, ggml._matmul_ggml_float(x, w, np.empty((20, 40), np.float32)))
 
 
 @pytest.mark.parametrize("numba_kernel", [True, False])

@@ -126,7 +126,12 @@ class CPUBackend(ArrayAlgebra):
 
     def describe(self) -> str:
         blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
-        return f"NumPy {np.__version__} ({blas.get('name', 'BLAS')} {blas.get('version', '')})".strip()
+        text = f"NumPy {np.__version__} ({blas.get('name', 'BLAS')} {blas.get('version', '')})".strip()
+        if self.numerics != "ggml":
+            return text
+        dots = "AVX2 integer dots" if ikernels().AVAILABLE else "no integer dots (float kernels)"
+        isa = gemm8().ISA
+        return f"{text}; ggml numerics: {dots}, " + (f"8-bit GEMM on {isa}" if isa else "no 8-bit GEMM (BLAS over rounded rows)")
 
     @staticmethod
     def asarray(x):
@@ -172,6 +177,9 @@ class CPUBackend(ArrayAlgebra):
                 if numerics == "ggml" and self._integer_dots(QuantWeight.from_raw(w, qtype, (1, 256))):
                     for parts in (w, (w, w), (w, w, w)):
                         ikernels().MATVEC[qtype](parts, x, np.empty((1, 3), np.float32))
+                if numerics == "ggml" and qtype in gemm8().GEMM:
+                    for parts in (w, (w, w), (w, w, w)):
+                        gemm8().GEMM[qtype](parts, x, np.empty((1, 3), np.float32), 0)
             if numerics == "ggml" and ikernels().AVAILABLE:
                 ikernels().geglu_table_rows(np.zeros((1, 2), np.float32), _gelu_f16_table(), np.empty((1, 1), np.float32))
             kernels.DEQUANT[int(GGMLQuantizationType.F16)](np.zeros((1, 64), np.uint8), np.zeros(1, np.int64),
@@ -229,11 +237,25 @@ class CPUBackend(ArrayAlgebra):
         return self._matmul_quant(x, w, out)
 
     def _matmul_ggml(self, x: np.ndarray, w: QuantWeight, out: np.ndarray) -> np.ndarray:
-        """ggml numerics: a few rows take ggml's integer dots (ikernels); more rows multiply the
-        rounded activations by the weights as f32 numerics do, plus Q4_1/Q5_1's q8_1 sum term
-        (quants.q8_1_offset_error times the block minimums)."""
-        if len(x) <= FUSED_MAX_ROWS and self._integer_dots(w):
-            return self._matmul_q8(x, w, out)
+        """ggml numerics: a few rows take ggml's integer dots (ikernels), more rows the 8-bit GEMM
+        (gemm8) run by run of same-type parts; what neither covers takes the float path."""
+        if len(x) <= FUSED_MAX_ROWS:
+            if self._integer_dots(w):
+                return self._matmul_q8(x, w, out)
+            return self._matmul_ggml_float(x, w, out)
+        gemm = gemm8()
+        for qtype, raws, first, end in w.runs():
+            if gemm.fits(qtype, w.n_in):
+                gemm.GEMM[qtype](raws[0] if len(raws) == 1 else raws, x, out, first)
+            else:
+                parts = tuple(part for part, col in w.spans() if first <= col < end)
+                self._matmul_ggml_float(x, QuantWeight(parts, w.n_in), out[:, first:end])
+        return out
+
+    def _matmul_ggml_float(self, x: np.ndarray, w: QuantWeight, out: np.ndarray) -> np.ndarray:
+        """ggml numerics without integer kernels: the rounded activations times the weights as f32
+        numerics take them, plus Q4_1/Q5_1's q8_1 sum term (quants.q8_1_offset_error times the
+        block minimums)."""
         rounded: dict = {}
         if len({rounding_family(part.qtype) for part in w.parts}) > 1:  # a product per part
             for part, col in w.spans():
@@ -679,6 +701,10 @@ def rounding_family(qtype: int):
 
 def ikernels():
     return _kernel_module("ikernels", "integer (--numerics ggml)")
+
+
+def gemm8():
+    return _kernel_module("gemm8", "8-bit GEMM (--numerics ggml)")
 
 
 def skernels():
