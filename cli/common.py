@@ -83,8 +83,9 @@ def open_model(spec: str | None, backend: str = "cpu", cache_types=("f16",), num
                               numerics=numerics)  # None: the backend's own (its default)
     for note in getattr(model.backend, "notes", []):
         log(note)
-    if model.backend.name != "cpu":
-        log(f"backend {model.backend.name}: {model.backend.describe()}")
+    backend = model.backend.with_numerics(numerics) if numerics and hasattr(model.backend, "with_numerics") \
+        else model.backend
+    log(f"backend {backend.name}: {backend.describe()}")  # on the cpu: which integer paths run
     return model, time.perf_counter() - t0
 
 

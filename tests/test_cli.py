@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -122,6 +123,7 @@ def test_generate_memory_flags_and_parallel():
             "--kv", "split", "-ctk", "q8_0", "-ctv", "f16", "-c", "64")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("--- completion") == 2 and "memory: split" in r.stderr
+    assert re.search(r"backend cpu: .*; ggml numerics: (AVX2 integer dots|no integer dots)", r.stderr)  # the paths run
 
 
 def test_prompt_cache_from_another_model_is_refused(tmp_path):

@@ -65,6 +65,19 @@ def test_matrix_without_kernel_is_expanded_and_noted():
     np.testing.assert_allclose(backend.matmul(x, w), x @ w.T, rtol=1e-6)
 
 
+def test_a_quantized_type_without_integer_dots_is_noted_once_under_ggml_numerics():
+    rng = np.random.default_rng(2)
+    raw = np.ascontiguousarray(random_weight(rng, "Q3_K", 4, 256)).view(np.uint8)
+    ggml, f32 = CPUBackend(numerics="ggml"), CPUBackend(numerics="f32")
+    for name in ("a", "b"):
+        ggml.load_weight(raw, T.Q3_K, (4, 256), name)
+        f32.load_weight(raw, T.Q3_K, (4, 256), name)
+    ggml.load_weight(np.ascontiguousarray(random_weight(rng, "Q4_K", 4, 256)).view(np.uint8), T.Q4_K, (4, 256), "c")
+    assert ggml.notes == ["Q3_K matrices have no integer kernel: ggml numerics multiply them in floats over "
+                          "rounded activations"] and f32.notes == []
+    assert "8-bit GEMM on" in ggml.describe() and "ggml" not in f32.describe()
+
+
 def test_a_kernel_that_fails_to_compile_is_one_sentence(monkeypatch):
     from numba.core.errors import TypingError
 

@@ -148,12 +148,21 @@ class CPUBackend(ArrayAlgebra):
         (norms, biases) becomes float32, and so does a matrix of a type without a kernel (noted
         for -v; a type nothing here can read is an UnsupportedError naming the tensor)."""
         if len(shape) == 2 and int(qtype) in KERNEL_TYPES:
+            self._note_float_path(int(qtype))
             return QuantWeight.from_raw(raw, qtype, shape)
         out = dequantize(raw, qtype, int(np.prod(shape)), name=name).reshape(shape)
         if len(shape) == 2:
             self.notes.append(f"tensor '{name}' ({GGMLQuantizationType(qtype).name}) has no cpu kernel: "
                               "expanded to f32 at load")
         return out
+
+    def _note_float_path(self, qtype: int) -> None:
+        """For -v, once per type: a quantized type ggml numerics cannot take in integers."""
+        name = GGMLQuantizationType(qtype).name
+        note = f"{name} matrices have no integer kernel: ggml numerics multiply them in floats over rounded activations"
+        if (self.numerics == "ggml" and rounding_family(qtype) in ("q8_32", "q8_k")
+                and not (ikernels().AVAILABLE and qtype in ikernels().MATVEC) and note not in self.notes):
+            self.notes.append(note)
 
     def prepare(self, weight_types, state_space: bool = False, cache_types=("f16",), numerics: str | None = None) -> None:
         """Compile (the first time on a machine) or load from numba's cache the kernels a model
