@@ -69,10 +69,10 @@ def test_a_quantized_type_without_integer_dots_is_noted_once_under_ggml_numerics
     rng = np.random.default_rng(2)
     raw = np.ascontiguousarray(random_weight(rng, "Q3_K", 4, 256)).view(np.uint8)
     ggml, f32 = CPUBackend(numerics="ggml"), CPUBackend(numerics="f32")
-    for name in ("a", "b"):
-        ggml.load_weight(raw, T.Q3_K, (4, 256), name)
-        f32.load_weight(raw, T.Q3_K, (4, 256), name)
-    ggml.load_weight(np.ascontiguousarray(random_weight(rng, "Q4_K", 4, 256)).view(np.uint8), T.Q4_K, (4, 256), "c")
+    for backend in (ggml, f32):
+        backend.prepare({T.Q3_K, T.Q4_K})
+        backend.prepare({T.Q3_K})
+    assert isinstance(ggml.load_weight(raw, T.Q3_K, (4, 256)), QuantWeight)
     assert ggml.notes == ["Q3_K matrices have no integer kernel: ggml numerics multiply them in floats over "
                           "rounded activations"] and f32.notes == []
     assert "8-bit GEMM on" in ggml.describe() and "ggml" not in f32.describe()

@@ -148,7 +148,6 @@ class CPUBackend(ArrayAlgebra):
         (norms, biases) becomes float32, and so does a matrix of a type without a kernel (noted
         for -v; a type nothing here can read is an UnsupportedError naming the tensor)."""
         if len(shape) == 2 and int(qtype) in KERNEL_TYPES:
-            self._note_float_path(int(qtype))
             return QuantWeight.from_raw(raw, qtype, shape)
         out = dequantize(raw, qtype, int(np.prod(shape)), name=name).reshape(shape)
         if len(shape) == 2:
@@ -160,8 +159,8 @@ class CPUBackend(ArrayAlgebra):
         """For -v, once per type: a quantized type ggml numerics cannot take in integers."""
         name = GGMLQuantizationType(qtype).name
         note = f"{name} matrices have no integer kernel: ggml numerics multiply them in floats over rounded activations"
-        if (self.numerics == "ggml" and rounding_family(qtype) in ("q8_32", "q8_k")
-                and not (ikernels().AVAILABLE and qtype in ikernels().MATVEC) and note not in self.notes):
+        if (rounding_family(qtype) in ("q8_32", "q8_k") and not (ikernels().AVAILABLE and qtype in ikernels().MATVEC)
+                and note not in self.notes):
             self.notes.append(note)
 
     def prepare(self, weight_types, state_space: bool = False, cache_types=("f16",), numerics: str | None = None) -> None:
@@ -183,6 +182,8 @@ class CPUBackend(ArrayAlgebra):
                     for n_parts in (2, 3):
                         kernels.MATVEC[qtype]((w,) * n_parts, x, np.empty((1, n_parts), np.float32))
                 kernels.DEQUANT[qtype](w, np.zeros(1, np.int64), np.empty((1, 256), np.float32))
+                if numerics == "ggml":
+                    self._note_float_path(qtype)
                 if numerics == "ggml" and self._integer_dots(QuantWeight.from_raw(w, qtype, (1, 256))):
                     for parts in (w, (w, w), (w, w, w)):
                         ikernels().MATVEC[qtype](parts, x, np.empty((1, 3), np.float32))
