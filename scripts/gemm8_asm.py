@@ -40,7 +40,7 @@ def main() -> None:
     qtype = T[args.type]
     raw = np.ascontiguousarray(random_weight(np.random.default_rng(0), qtype.name, 8, 512)).view(np.uint8)
     kernel = gemm8.GEMM[int(qtype)]
-    kernel(raw.reshape(8, -1), np.ones((8, 512), np.float32), np.empty((8, 8), np.float32), 0)
+    kernel(raw.reshape(8, -1), np.ones((8, 512), np.float32), np.empty((8, 8), np.float32), 0, 4)
     asm = next(iter(kernel.inspect_asm().values()))
     loop = hot_loop(asm)
     counts = Counter(line.split()[0] for line in loop)

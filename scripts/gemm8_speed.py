@@ -18,6 +18,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from llmsuite.core.backend import CPUBackend, gemm8
+from llmsuite.core.backend.cpu import gemm_tasks
 from llmsuite.core.backend.weights import QuantWeight
 from llmsuite.core.ops import random_weight
 
@@ -52,7 +53,7 @@ def main() -> None:
         w = QuantWeight.from_raw(raw, T[name], (n_out, n_in))
         x = rng.standard_normal((args.rows, n_in)).astype(np.float32)
         ours, theirs = np.empty((args.rows, n_out), np.float32), np.empty((args.rows, n_out), np.float32)
-        t_gemm = fastest(lambda: gemm8.GEMM[int(T[name])](raw, x, ours, 0), args.reps)  # noqa: B023
+        t_gemm = fastest(lambda: gemm8.GEMM[int(T[name])](raw, x, ours, 0, gemm_tasks()), args.reps)  # noqa: B023
         t_float = fastest(lambda: backend._matmul_ggml_float(x, w, theirs), args.reps)  # noqa: B023
         macs = args.rows * n_in * n_out / 1e9
         diff = np.abs(ours - theirs).max() / np.abs(theirs).max()

@@ -48,7 +48,7 @@ def test_gemm_equals_the_integer_dots_of_each_row(qtype, n_in):
     x = activations(rng, 11, n_in)
     want = np.concatenate([integer_dots(p, qtype, x) for p in parts], axis=1)
     got = np.full((11, 5 + 68), np.nan, np.float32)
-    gemm8.GEMM[int(qtype)](parts, x, got, 5)
+    gemm8.GEMM[int(qtype)](parts, x, got, 5, 4)
     assert np.isnan(got[:, :5]).all()
     np.testing.assert_allclose(got[:, 5:], want, rtol=0, atol=2e-6 * np.abs(want).max())
 
@@ -84,7 +84,7 @@ for qtype in gemm8.GEMM:
     x = rng.standard_normal((7, 512)).astype(np.float32)
     want, got = np.empty((7, 30), np.float32), np.empty((7, 30), np.float32)
     ikernels.MATVEC[qtype](raw, x, want)
-    gemm8.GEMM[qtype](raw, x, got, 0)
+    gemm8.GEMM[qtype](raw, x, got, 0, 4)
     print(gemm8.ISA, T(qtype).name, float(np.abs(got - want).max() / np.abs(want).max()))
 """
 

@@ -189,7 +189,7 @@ class CPUBackend(ArrayAlgebra):
                         ikernels().MATVEC[qtype](parts, x, np.empty((1, 3), np.float32))
                 if numerics == "ggml" and qtype in gemm8().GEMM:
                     for parts in (w, (w, w), (w, w, w)):
-                        gemm8().GEMM[qtype](parts, x, np.empty((1, 3), np.float32), 0)
+                        gemm8().GEMM[qtype](parts, x, np.empty((1, 3), np.float32), 0, 1)
             if numerics == "ggml" and ikernels().AVAILABLE:
                 ikernels().geglu_table_rows(np.zeros((1, 2), np.float32), _gelu_f16_table(), np.empty((1, 1), np.float32))
             kernels.DEQUANT[int(GGMLQuantizationType.F16)](np.zeros((1, 64), np.uint8), np.zeros(1, np.int64),
@@ -256,7 +256,7 @@ class CPUBackend(ArrayAlgebra):
         gemm = gemm8()
         for qtype, raws, first, end in w.runs():
             if gemm.fits(qtype, w.n_in):
-                gemm.GEMM[qtype](raws[0] if len(raws) == 1 else raws, x, out, first)
+                gemm.GEMM[qtype](raws[0] if len(raws) == 1 else raws, x, out, first, gemm_tasks())
             else:
                 parts = tuple(part for part, col in w.spans() if first <= col < end)
                 self._matmul_ggml_float(x, QuantWeight(parts, w.n_in), out[:, first:end])
@@ -727,6 +727,12 @@ def attention_tasks() -> int:
     get_num_threads costs microseconds a call)."""
     from numba import get_num_threads
     return 2 * get_num_threads()
+
+
+def gemm_tasks() -> int:
+    """Weight tiles the 8-bit GEMM cuts a matrix into (at most): four per numba thread, so that
+    threads finish together."""
+    return 2 * attention_tasks()
 
 
 def serial_suffix(n_rows: int) -> str:

@@ -384,24 +384,32 @@ def prepare_q8_k(x, unit_values, offset):
 # ---- the driver ------------------------------------------------------------------------------------
 
 TILE_BYTES = 1024 * 1024  # a tile's codes: kept in L2 while every activation row passes
-# Rows are padded with zero units to whole groups; beyond this much (SmolLM2's 576 wide rows take
-# 1024) the float path over rounded activations is faster (measured: 9.8 against 5.5 ms).
-MAX_PADDING = 1.25
+# Rows are padded with zero units to whole groups; beyond this much the float path over rounded
+# activations is faster (scripts/gemm8_speed.py, 512 rows: Gemma 3's 640-wide Q5_0, padded to 1024,
+# 1.15-1.44x the float path's speed; SmolLM2's 576-wide Q4_1, padded to 1024, 0.71x).
+MAX_PADDING = 1.6
 
 
 @njit(inline="always")
-def _tile_rows(width):
-    return max(R, min(256, TILE_BYTES // width // R * R))
+def _tile_rows(width, n_rows, tasks):
+    """Weight rows per task: what fits TILE_BYTES, at most 256, and few enough to make about
+    `tasks` tiles (SmolLM2's 576 rows made three tiles for two threads)."""
+    balanced = -(-n_rows // tasks)
+    return max(R, min(256, TILE_BYTES // width, -(-balanced // R) * R) // R * R)
 
 
 @njit(inline="always")
-def _gemm(w, acts, out, first, unpack, dot):
+def _gemm(w, acts, out, first, tasks, unpack, dot):
     """out[i, first + col + r] = the ggml dot of activation row i with weight row r of each part
-    (parts stacked along out's columns from column `first`), a tile of weight rows per task."""
+    (parts stacked along out's columns from column `first`), a tile of weight rows per task, about
+    `tasks` of them (the caller's: a few per thread)."""
     xq, sx, xo, xinit = acts
     n, width, n_units = out.shape[0], xq.shape[1], sx.shape[1]
-    tile = _tile_rows(width)
     parts = as_parts(w)
+    n_rows = 0
+    for p in range(len(parts)):
+        n_rows += parts[p].shape[0]
+    tile = _tile_rows(width, n_rows, tasks)
     n_tasks = 0
     for p in range(len(parts)):
         n_tasks += (parts[p].shape[0] + tile - 1) // tile
@@ -431,43 +439,43 @@ def _gemm(w, acts, out, first, unpack, dot):
 # numba caches top-level functions only: one per type
 
 @njit(parallel=True, cache=CACHE)
-def gemm_q4_0(w, x, out, first):
-    _gemm(w, prepare_q8_32(x, 8), out, first, unpack_q4_0, dot_plain)
+def gemm_q4_0(w, x, out, first, tasks):
+    _gemm(w, prepare_q8_32(x, 8), out, first, tasks, unpack_q4_0, dot_plain)
 
 
 @njit(parallel=True, cache=CACHE)
-def gemm_q4_1(w, x, out, first):
-    _gemm(w, prepare_q8_32(x, 0), out, first, unpack_q4_1, dot_mins)
+def gemm_q4_1(w, x, out, first, tasks):
+    _gemm(w, prepare_q8_32(x, 0), out, first, tasks, unpack_q4_1, dot_mins)
 
 
 @njit(parallel=True, cache=CACHE)
-def gemm_q5_0(w, x, out, first):
-    _gemm(w, prepare_q8_32(x, 16), out, first, unpack_q5_0, dot_plain)
+def gemm_q5_0(w, x, out, first, tasks):
+    _gemm(w, prepare_q8_32(x, 16), out, first, tasks, unpack_q5_0, dot_plain)
 
 
 @njit(parallel=True, cache=CACHE)
-def gemm_q5_1(w, x, out, first):
-    _gemm(w, prepare_q8_32(x, 0), out, first, unpack_q5_1, dot_mins)
+def gemm_q5_1(w, x, out, first, tasks):
+    _gemm(w, prepare_q8_32(x, 0), out, first, tasks, unpack_q5_1, dot_mins)
 
 
 @njit(parallel=True, cache=CACHE)
-def gemm_q8_0(w, x, out, first):
-    _gemm(w, prepare_q8_32(x, Q8_0_OFFSET), out, first, unpack_q8_0, DOT_Q8_0)
+def gemm_q8_0(w, x, out, first, tasks):
+    _gemm(w, prepare_q8_32(x, Q8_0_OFFSET), out, first, tasks, unpack_q8_0, DOT_Q8_0)
 
 
 @njit(parallel=True, cache=CACHE)
-def gemm_q4_k(w, x, out, first):
-    _gemm(w, prepare_q8_k(x, 32, 0), out, first, unpack_q4_k, dot_mins)
+def gemm_q4_k(w, x, out, first, tasks):
+    _gemm(w, prepare_q8_k(x, 32, 0), out, first, tasks, unpack_q4_k, dot_mins)
 
 
 @njit(parallel=True, cache=CACHE)
-def gemm_q5_k(w, x, out, first):
-    _gemm(w, prepare_q8_k(x, 32, 0), out, first, unpack_q5_k, dot_mins)
+def gemm_q5_k(w, x, out, first, tasks):
+    _gemm(w, prepare_q8_k(x, 32, 0), out, first, tasks, unpack_q5_k, dot_mins)
 
 
 @njit(parallel=True, cache=CACHE)
-def gemm_q6_k(w, x, out, first):
-    _gemm(w, prepare_q8_k(x, 16, 32), out, first, unpack_q6_k, dot_16)
+def gemm_q6_k(w, x, out, first, tasks):
+    _gemm(w, prepare_q8_k(x, 16, 32), out, first, tasks, unpack_q6_k, dot_16)
 
 
 def fits(qtype: int, n_in: int) -> bool:
