@@ -10,14 +10,20 @@ loop itself. Set LLMSUITE_GEMM8_ISA=avx2|vnni256 to see a narrower path.
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import tempfile
 from collections import Counter
 
-import numpy as np
-from gguf import GGMLQuantizationType as T
+# compiled here, not loaded from numba's cache: the cache keeps no assembly of the parallel loops
+os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="gemm8-asm-")
 
-from llmsuite.core.backend import gemm8
-from llmsuite.core.ops import random_weight
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+from gguf import GGMLQuantizationType as T  # noqa: E402
+
+from llmsuite.core.backend import gemm8  # noqa: E402
+from llmsuite.core.ops import random_weight  # noqa: E402
 
 DOTS = ("vpdpbusd", "vpmaddubsw")
 
@@ -40,8 +46,9 @@ def main() -> None:
     qtype = T[args.type]
     raw = np.ascontiguousarray(random_weight(np.random.default_rng(0), qtype.name, 8, 512)).view(np.uint8)
     kernel = gemm8.GEMM[int(qtype)]
-    kernel(raw.reshape(8, -1), np.ones((8, 512), np.float32), np.empty((8, 8), np.float32), 0, 4)
-    asm = next(iter(kernel.inspect_asm().values()))
+    call = (raw.reshape(8, -1), np.ones((8, 512), np.float32), np.empty((8, 8), np.float32), 0, 4)
+    kernel(*call)
+    asm = kernel.inspect_asm(tuple(numba.typeof(a) for a in call))
     loop = hot_loop(asm)
     counts = Counter(line.split()[0] for line in loop)
     print(f"{qtype.name} on {gemm8.ISA}, R={gemm8.R} weight rows x C={gemm8.C} activation rows, "
