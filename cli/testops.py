@@ -14,7 +14,6 @@ from llmsuite.core.backend import available_backends, get_backend
 from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.testops import MODES, CaseResult, format_perf, run_perf, run_test, select_cases, supports
 
-from .common import err_console
 
 GREEN, RED, RESET = "\033[1;32m", "\033[1;31m", "\033[0m"
 CSV_FIELDS = ["test_time", "backend_name", "op_name", "op_params", "test_mode", "supported", "passed",

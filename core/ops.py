@@ -12,7 +12,7 @@ uses the engine's token-major layout: q (n_tokens, n_head, d), k/v (n_kv, n_head
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import product
 from typing import Callable
 

@@ -136,7 +136,7 @@ class Sampler:
         return ids[:keep], values[:keep]
 
     def _min_p(self, ids, values):
-        min_p, xp = self.params.min_p, self.ops.xp
+        min_p = self.params.min_p
         if min_p <= 0.0:
             return ids, values
         keep = values >= values.max() + np.float32(np.log(min_p))

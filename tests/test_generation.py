@@ -87,7 +87,7 @@ def test_prompt_cache_reuses_the_matching_prefix(tmp_path):
     cache = tmp_path / "prompt.state"
     prompt = model.vocab.tokenize("The quick brown fox jumps over the lazy dog because", add_special=True)
     first_ctx = Context(model, ContextParams(n_ctx=256))
-    first = generate(first_ctx, greedy(), prompt, n_predict=6, prompt_cache=cache)[0].tokens
+    generate(first_ctx, greedy(), prompt, n_predict=6, prompt_cache=cache)
     assert cache.exists() and first_ctx.perf.n_p_eval == len(prompt)
     again_ctx = Context(model, ContextParams(n_ctx=256))
     again = generate(again_ctx, greedy(), prompt, n_predict=6, prompt_cache=cache)[0].tokens

@@ -165,7 +165,7 @@ def test_a_failed_ubatch_leaves_every_cell_as_before(arch, monkeypatch):
 
     def failing(g):
         calls.append(1)
-        out = type(model).forward(model, g)  # writes the states, then fails
+        type(model).forward(model, g)  # writes the states, then fails
         raise MemoryError("out of memory")
 
     monkeypatch.setattr(model, "forward", failing)

@@ -18,8 +18,11 @@ def test_temp_zero_is_argmax():
 
 def test_seeded_runs_repeat_and_differ_across_seeds():
     logits = np.random.default_rng(0).standard_normal(500).astype(np.float32)
-    runs = lambda seed: (lambda s: [s.sample(logits) for _ in range(20)])(
-        Sampler(SamplerParams(seed=seed, top_k=0, top_p=1.0, min_p=0.0)))
+
+    def runs(seed):
+        sampler = Sampler(SamplerParams(seed=seed, top_k=0, top_p=1.0, min_p=0.0))
+        return [sampler.sample(logits) for _ in range(20)]
+
     assert runs(42) == runs(42)
     assert runs(42) != runs(43)
 

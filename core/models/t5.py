@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ModelFileError
 from ..gguf import GGUFFile
 from ..memory import AttnSpec, MemorySpec
 from .base import MAX_LAYERS, HParams, Model, count_blocks, read_hparams
