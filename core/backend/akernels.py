@@ -105,7 +105,7 @@ def _geglu_row(h, out, i):
         out[i, j] = x / (np.float32(1) + fast_exp(np.float32(-2) * u)) * h[i, n_ff + j]
 
 
-@njit(inline="always")
+@njit(fastmath=FAST, inline="always")
 def _rope_row(x, cos, sin, neox, out, t):
     n, n_head, d = x.shape
     half = cos.shape[1]
@@ -147,11 +147,7 @@ def geglu_rows_serial(h, out):
         _geglu_row(h, out, i)
 
 
-# RoPE without fastmath: with it LLVM fused x0·cos − x1·sin into an fma in one compilation and
-# not in another (a freshly compiled rope_rows and the same one loaded from numba's cache gave
-# Gemma 3's c128 perplexity 36.7205 and 36.5849), and 8-bit activations carry such a last-bit
-# difference far. Plain IEEE products and sums are the same on every compile.
-@njit(cache=True, parallel=True)
+@njit(fastmath=FAST, cache=True, parallel=True)
 def rope_rows(x, cos, sin, neox, out):
     """out = x (n, heads, d) with its first 2·len(cos[0]) dims of each head rotated by the
     per-token angles: pairs (2i, 2i+1), or (i, i + n_rot/2) in NEOX mode; the rest copied."""
@@ -159,7 +155,7 @@ def rope_rows(x, cos, sin, neox, out):
         _rope_row(x, cos, sin, neox, out, t)
 
 
-@njit(cache=True)
+@njit(fastmath=FAST, cache=True)
 def rope_rows_serial(x, cos, sin, neox, out):
     for t in range(x.shape[0]):
         _rope_row(x, cos, sin, neox, out, t)
