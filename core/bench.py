@@ -191,7 +191,7 @@ class Runner:
             self.on_warning(f"{test.name} needs {needed} positions, more than the {model.hparams.n_ctx_train} "
                             f"{model.name} was trained on (possible training context overflow)")
         ctx = Context(model, inst.context_params())
-        if ctx.kind == "encoder" and (test.n_gen or test.n_depth):
+        if not ctx.generates and (test.n_gen or test.n_depth):
             raise InvalidInputError(f"{test.name}: {model.arch} is an encoder; only pp (the encoder) can be timed")
         result = Result(inst)
         if self.warmup:
@@ -217,9 +217,8 @@ class Runner:
     def _reset(self, ctx: Context, test: Test) -> None:
         """Empty memory; an encoder-decoder timing no pp (the encoder) gets a one-token encoder
         output for its decoder to attend, outside the timer."""
-        if ctx.memory is not None:
-            ctx.memory.clear()
-        if ctx.kind == "enc-dec" and not test.n_prompt:
+        ctx.clear()
+        if ctx.needs_encoded_input and not test.n_prompt:
             self._prompt(ctx, 1)
 
     def _prefill_depth(self, ctx: Context, inst: Instance) -> None:
@@ -242,14 +241,13 @@ class Runner:
     def _prompt(self, ctx: Context, n: int, decoder: bool = False) -> None:
         """n random tokens in -b chunks (first of each chunk BOS when the model adds it), last one
         outputs. An encoder-decoder's prompt is its encoder's (in -ub chunks), unless `decoder`."""
-        encode = ctx.kind == "enc-dec" and not decoder
-        n_vocab, n_batch = ctx.model.hparams.n_vocab, ctx.params.n_ubatch if encode else ctx.params.n_batch
+        n_vocab, n_batch = ctx.model.hparams.n_vocab, ctx.params.n_batch if decoder else ctx.prompt_batch
         done = 0
         while done < n:
             size = min(n_batch, n - done)
             tokens = self.rng.integers(0, n_vocab, size).astype(np.int32)
             tokens[0] = self._first_token(ctx)
-            self._decode(ctx, Batch.from_tokens(tokens), encode)
+            self._decode(ctx, Batch.from_tokens(tokens), prompt=not decoder)
             done += size
 
     def _gen(self, ctx: Context, n: int) -> None:
@@ -259,8 +257,8 @@ class Runner:
             token = int(self.rng.integers(ctx.model.hparams.n_vocab))
 
     @staticmethod
-    def _decode(ctx: Context, batch: Batch, encode: bool = False) -> None:
-        status = ctx.encode(batch) if encode else ctx.decode(batch)
+    def _decode(ctx: Context, batch: Batch, prompt: bool = False) -> None:
+        status = ctx.prompt(batch) if prompt else ctx.decode(batch)
         if status != DecodeStatus.OK:
             raise LLMError(f"decode failed ({status.name.lower().replace('_', ' ')}): {ctx.last_error}")
 

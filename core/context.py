@@ -2,9 +2,12 @@
 runs an encoder the way llama_encode does, and the state (memory plus the tokens it holds, and an
 encoder-decoder's encoder output) can be saved and loaded whole or per sequence.
 
-Context kinds (`--ctx`): a causal `decoder` over a memory, `no-kv` (a decoder without a cache),
-`encoder` (no memory; embeddings, pooled per sequence) and `enc-dec` (the encoder's output is
-kept for the decoder's cross-attention)."""
+Context kinds (`--ctx`) are classes: `DecoderContext` (a causal decoder over a memory),
+`NoKVContext` (a decoder without a cache), `EncoderContext` (no memory; embeddings, pooled per
+sequence) and `EncoderDecoderContext` (the encoder's output is kept for the decoder's
+cross-attention). `Context(model, params)` builds the kind the resolved plan (core/plan.py) names;
+the tools call the interface here (`decode`, `clear`, `check_prompt`, `start_prompt`,
+`seq_capacity`, the state files) without asking which kind they hold."""
 
 from __future__ import annotations
 
@@ -12,18 +15,19 @@ import time
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
-from .backend import NUMERICS, get_backend
 from .batch import Batch, BatchAllocator
 from .cross import CrossInput
-from .embeddings import POOLING_NAMES, pool
-from .errors import InvalidInputError, excerpt
+from .embeddings import pool
+from .errors import InvalidInputError, LLMError, excerpt
 from .graph import AttnStats, Graph
-from .memory import MemoryParams, MemoryStatus, resolve_kinds
+from .memory import MemoryParams, MemoryStatus, create_memory
 from .memory.batch_only import BatchOnlyContext
 from .models.base import Model
+from .plan import check_flags, resolve_plan
 from .statefile import StateFileError, StateReader, StateWriter
 from .threads import use_threads
 
@@ -33,7 +37,6 @@ STATE_MAGIC, SEQ_STATE_MAGIC = b"LLMSTATE", b"LLMSEQST"
 # fields, and a CRC-32 of all that. Keys are stored rotated to the positions recorded: a pending
 # K-shift is applied before writing, so no shift is saved.
 STATE_VERSION = 3
-ATTN_PATHS = ("auto", "dense", "sparse")
 
 
 class DecodeStatus(IntEnum):
@@ -58,21 +61,7 @@ class ContextParams(MemoryParams):
 
     def validate(self) -> None:
         """Refuse flag values that cannot work whatever the model (checked before loading one)."""
-        if self.n_threads < 0 or self.n_threads_batch < 0:
-            raise InvalidInputError("-t and -tb take a thread count (0: all cores)")
-        if self.n_ctx < 0:
-            raise InvalidInputError("-c must be 0 (the model's context) or a positive size")
-        if self.n_ubatch <= 0 or self.n_batch <= 0:
-            raise InvalidInputError("-b and -ub must be positive")
-        if self.n_ubatch > self.n_batch:
-            raise InvalidInputError(f"the micro-batch (-ub {self.n_ubatch}) cannot exceed the batch (-b {self.n_batch})")
-        if self.numerics is not None and self.numerics not in NUMERICS:
-            raise InvalidInputError(f"unknown --numerics '{self.numerics}' (choose from {', '.join(NUMERICS)})")
-        if self.attn not in ATTN_PATHS:
-            raise InvalidInputError(f"unknown --attn '{self.attn}' (choose from {', '.join(ATTN_PATHS)})")
-        if self.pooling not in ("auto", *POOLING_NAMES):
-            raise InvalidInputError(f"unknown --pooling '{self.pooling}' (choose from {', '.join(POOLING_NAMES)})")
-        self.validate_flags()
+        check_flags(self)
 
 
 @dataclass
@@ -95,27 +84,37 @@ class PerfCounters:
 
 
 class Context:
-    def __init__(self, model: Model, params: ContextParams | None = None, observer=None):
+    """A model plus what it keeps between batches. `Context(model, params)` resolves the plan once and
+    builds the kind it names (one of the subclasses below); the base holds what every kind shares."""
+
+    kind: ClassVar[str] = ""  # what -v prints: "decoder", "no-kv", "encoder", "enc-dec"
+    generates: ClassVar[bool] = True  # a decoder: it generates tokens (an encoder only embeds)
+    needs_encoded_input: ClassVar[bool] = False  # its decoder attends an encoder output (encode first)
+
+    def __new__(cls, model: Model, params: ContextParams | None = None, observer=None):
         params = replace(params) if params else ContextParams()
         params.validate()
-        hp = model.hparams
         if params.n_ctx == 0:
-            params.n_ctx = hp.n_ctx_train
+            params.n_ctx = model.hparams.n_ctx_train
         params.n_batch = min(params.n_batch, params.n_ctx)
         params.n_ubatch = min(params.n_ubatch, params.n_batch)
         if params.backend != model.backend.name:
             raise InvalidInputError(f"the model was loaded for the {model.backend.name} backend, not {params.backend}")
-        self.model, self.params = model, params
-        self.backend = get_backend(params.backend, params.attn, params.numerics)
-        self.attn_impl = model.resolve_attn_impl(params)
-        _, self.kind = resolve_kinds(model.arch, model.memory_spec(self.attn_impl), params)
-        self.memory = None if self.kind == "encoder" else model.create_memory(params, self.backend.xp)
-        self.embeddings = params.embeddings or self.kind == "encoder"
+        plan = resolve_plan(model, params)
+        kind = CONTEXT_KINDS[plan.context]
+        if not issubclass(kind, cls):
+            raise InvalidInputError(f"{model.arch} with these flags makes a {plan.context} context, not a {cls.kind}")
+        self = super().__new__(kind)
+        self.params, self.plan = params, plan
+        return self
+
+    def __init__(self, model: Model, params: ContextParams | None = None, observer=None):
+        params, hp = self.params, model.hparams  # normalized by __new__, with the plan
+        self.model = model
+        self.backend = model.backend.configured(attn_path=self.plan.attn_path, numerics=self.plan.numerics)
+        self.memory = self._create_memory()
+        self.embeddings = params.embeddings or not self.generates  # an encoder's outputs are embeddings
         self.pooling = params.pooling if params.pooling != "auto" else (hp.pooling or "none")
-        if params.embeddings and self.kind == "enc-dec":
-            raise InvalidInputError(f"embeddings of an encoder-decoder model ({model.arch}) are not supported, "
-                                    "as in llama.cpp")
-        self.cross: CrossInput | None = None  # the last encode's output (enc-dec)
         self.balloc = BatchAllocator(hp.n_vocab, params.n_seq_max)
         self._logits_store: np.ndarray | None = None
         self.logits = np.empty((0, self.output_width), dtype=np.float32)  # or embeddings, per output row
@@ -126,31 +125,71 @@ class Context:
         self.observer = observer  # observer(name, ubatch, tensor) sees named intermediates
         self.attn_stats: AttnStats | None = None  # set one to count and time attention per layer (-v)
 
+    def _create_memory(self):
+        return create_memory(self.plan, self.params, self.backend)
+
     @property
     def n_ctx(self) -> int:
         return self.params.n_ctx
+
+    @property
+    def attn_impl(self) -> str:
+        return self.plan.attn_impl
 
     @property
     def output_width(self) -> int:
         hp = self.model.hparams
         return hp.n_embd if self.embeddings else hp.n_vocab
 
+    # ---- what the tools ask of any kind --------------------------------------------------------
+
+    def clear(self) -> None:
+        """Forget every sequence."""
+        self.memory.clear()
+
+    def seq_capacity(self) -> int:
+        """Cells one sequence can use: the context's, or fewer where the memory bounds a sequence
+        (--kv split gives each its own stream)."""
+        own = self.memory.seq_capacity()
+        return self.n_ctx if own is None else min(own, self.n_ctx)
+
+    def check_prompt(self, tokens: list[int], margin: int = 0) -> None:
+        """Refuse a prompt this context cannot take, keeping `margin` cells free for generation."""
+        if not tokens:
+            raise InvalidInputError("the prompt is empty and the model adds no BOS token")
+        limit = self.seq_capacity() - margin
+        if len(tokens) > limit:
+            raise InvalidInputError(f"the prompt is too long ({len(tokens)} tokens, the context -c {self.n_ctx} "
+                                    f"allows {max(limit, 0)} per sequence)")
+
+    def start_prompt(self, prompt: list[int], n_seqs: int, prompt_cache: Path | None = None) -> list[int]:
+        """The tokens the decoder decodes for `prompt` completed by `n_seqs` sequences: the prompt
+        itself (an encoder-decoder encodes it and decodes from its start token)."""
+        return prompt
+
+    def prompt(self, batch: Batch) -> DecodeStatus:
+        """Run a prompt batch where this kind takes prompts: the decoder (the encoder for kinds that have one)."""
+        return self.decode(batch)
+
+    @property
+    def prompt_batch(self) -> int:
+        """The most tokens `prompt` takes in one call."""
+        return self.params.n_batch
+
     # ---- decoding ------------------------------------------------------------------------
 
     def decode(self, batch: Batch) -> DecodeStatus:
         """Run a batch; on failure the memory is as before the failed ubatch (the ubatches done
         before it stay, as in llama.cpp): the memory context rolls that ubatch back."""
-        if self.memory is None:  # an encoder: llama_decode forwards to llama_encode
-            return self.encode(batch)
         t0 = time.perf_counter()
         self.last_error = ""
         self._invalidate_outputs()
         if len(batch) > self.params.n_batch:
             return self._fail(DecodeStatus.INVALID_BATCH,
                               f"the batch has {len(batch)} tokens, more than -b {self.params.n_batch}")
-        if self.kind == "enc-dec" and self.cross is None:
-            return self._fail(DecodeStatus.INVALID_BATCH, f"{self.model.arch}'s decoder needs an encoded input: "
-                                                          "encode before decoding")
+        refusal = self._decode_refusal()
+        if refusal:
+            return self._fail(DecodeStatus.INVALID_BATCH, refusal)
         try:
             self.balloc.init(batch, self.memory, output_all=self.embeddings)
         except InvalidInputError as e:
@@ -173,9 +212,7 @@ class Context:
                 rows = out_pos[ub.batch_idx[ub.output]]
                 contiguous = len(rows) > 0 and bool(np.all(np.diff(rows) == 1))
                 target = logits[rows[0]:rows[-1] + 1] if contiguous else None
-                out = self.model.forward(Graph(self.model, mctx, self.backend, self.observer, target,
-                                                stats=self.attn_stats, embeddings=self.embeddings,
-                                                cross=self.cross, attn_impl=self.attn_impl))
+                out = self.model.forward(self._graph(mctx, target))
                 if not contiguous:
                     logits[self.backend.asarray(rows)] = out
             except KeyboardInterrupt:
@@ -194,39 +231,47 @@ class Context:
         self.perf.add(len(batch), time.perf_counter() - t0, step=one_per_sequence)
         return DecodeStatus.OK
 
+    def _decode_refusal(self) -> str:
+        """Why this kind cannot decode now ("": it can)."""
+        return ""
+
+    def _graph(self, mctx, target, embeddings: bool | None = None) -> Graph:
+        return Graph(self.model, mctx, self.backend, self.observer, target, stats=self.attn_stats,
+                     embeddings=self.embeddings if embeddings is None else embeddings, cross=self._cross_input(),
+                     attn_impl=self.plan.attn_impl)
+
+    def _cross_input(self) -> CrossInput | None:
+        return None
+
     def encode(self, batch: Batch) -> DecodeStatus:
-        """Run the encoder over a batch in one micro-batch, each sequence attending all of its own
-        tokens. An encoder context then holds the embeddings; an encoder-decoder one keeps the
-        output for its decoder (replacing the last encode's)."""
-        t0 = time.perf_counter()
+        """Run the encoder over a batch (kinds with an encoder)."""
         self.last_error = ""
         self._invalidate_outputs()
-        if self.kind not in ("encoder", "enc-dec"):
-            return self._fail(DecodeStatus.INVALID_BATCH, f"{self.model.arch} has no encoder")
+        return self._fail(DecodeStatus.INVALID_BATCH, f"{self.model.arch} has no encoder")
+
+    def _run_encoder(self, batch: Batch, target) -> tuple[DecodeStatus, object, object]:
+        """The encoder over a batch in one micro-batch, each sequence attending all of its own
+        tokens: (status, output (n_tokens, n_embd), the ubatch)."""
+        self.last_error = ""
+        self._invalidate_outputs()
         if len(batch) > self.params.n_ubatch:
             return self._fail(DecodeStatus.INVALID_BATCH, f"the encoder takes a batch in one micro-batch: "
-                                                          f"{len(batch)} tokens, more than -ub {self.params.n_ubatch}")
+                                                          f"{len(batch)} tokens, more than -ub {self.params.n_ubatch}"), None, None
         try:
             self.balloc.init(batch, None, output_all=True)
         except InvalidInputError as e:
-            return self._fail(DecodeStatus.INVALID_BATCH, str(e))
+            return self._fail(DecodeStatus.INVALID_BATCH, str(e)), None, None
         ub = self.balloc.split_simple(len(batch))[0]
         mctx = BatchOnlyContext(ub, causal=False, xp=self.backend.xp)
-        target = self._logits_buffer(len(batch)) if self.kind == "encoder" else None
         try:
             out = self.model.encode(Graph(self.model, mctx, self.backend, self.observer, target, embeddings=True))
         except KeyboardInterrupt:
-            return self._fail(DecodeStatus.ABORTED, "interrupted")
+            return self._fail(DecodeStatus.ABORTED, "interrupted"), None, None
         except InvalidInputError as e:
-            return self._fail(DecodeStatus.INVALID_BATCH, str(e))
+            return self._fail(DecodeStatus.INVALID_BATCH, str(e)), None, None
         except (MemoryError, FloatingPointError) as e:
-            return self._fail(DecodeStatus.COMPUTE_FAILED, f"compute failed: {e}")
-        if self.kind == "enc-dec":
-            self.cross = CrossInput(out, ub.seq_id, self.backend.xp)
-        else:
-            self._set_outputs(out, np.arange(len(batch)))
-        self.perf.add(len(batch), time.perf_counter() - t0)
-        return DecodeStatus.OK
+            return self._fail(DecodeStatus.COMPUTE_FAILED, f"compute failed: {e}"), None, None
+        return DecodeStatus.OK, out, ub
 
     def _set_outputs(self, rows: np.ndarray, out_pos: np.ndarray) -> None:
         """Publish a decode's outputs; embeddings are also pooled per sequence unless pooling is none."""
@@ -290,7 +335,6 @@ class Context:
 
         A pending K-shift is applied first: state files hold keys at the positions they record
         and carry no shift of their own."""
-        self._check_stateful()
         self.memory.update(self.backend)
         w = StateWriter()
         w.parts.append(STATE_MAGIC if seq is None else SEQ_STATE_MAGIC)
@@ -300,21 +344,19 @@ class Context:
         w.str(self.memory.kind)
         w.array(np.asarray(tokens, dtype=np.int32))
         self.memory.state_write(w, seq)
-        if self.kind == "enc-dec":
-            if self.cross is None:
-                CrossInput.write_none(w, self.model.hparams.n_embd)
-            else:
-                self.cross.state_write(w)
+        self._state_write_extra(w)
         return w.getvalue()
 
-    def _check_stateful(self) -> None:
-        if self.memory is None:
-            raise InvalidInputError(f"an encoder context ({self.model.arch}) keeps no state to save or load")
+    def _state_write_extra(self, w: StateWriter) -> None:
+        """What this kind keeps beside the memory (an encoder-decoder: the encoder output)."""
+
+    def _state_read_extra(self, r: StateReader):
+        """Read what _state_write_extra wrote; returns a function that commits it."""
+        return lambda: None
 
     def load_state_bytes(self, data: bytes, seq: int | None = None, what: str = "state") -> list[int]:
         """Check everything, then replace the memory (or sequence `seq`), and an encoder-decoder's
         encoder output; returns the saved tokens."""
-        self._check_stateful()
         r = StateReader(data, what)
         magic = STATE_MAGIC if seq is None else SEQ_STATE_MAGIC
         if bytes(r._take(len(magic), "the magic number")) != magic:
@@ -335,16 +377,14 @@ class Context:
         if seq is not None and not 0 <= seq < self.params.n_seq_max:
             raise InvalidInputError(f"sequence {seq} is out of range (-np {self.params.n_seq_max})")
         loaded = self.memory.state_read(r, seq)
-        if self.kind == "enc-dec":
-            cross = CrossInput.state_read(r, self.model.hparams.n_embd, self.params.n_seq_max, self.backend.xp)
+        commit_extra = self._state_read_extra(r)
         r.done()
         described = 0 if seq is None else seq
         if len(tokens) and loaded.pos_max.get(described, -1) != len(tokens) - 1:
             raise r.fail(f"its {len(tokens)} tokens do not match sequence {described}, which ends at "
                          f"position {loaded.pos_max.get(described, -1)}")
         loaded.commit()
-        if self.kind == "enc-dec":
-            self.cross = cross
+        commit_extra()
         return tokens.tolist()
 
     def save_state(self, path: str | Path, tokens=()) -> None:
@@ -358,6 +398,132 @@ class Context:
 
     def load_seq_state(self, path: str | Path, seq: int) -> list[int]:
         return self.load_state_bytes(_read(path), seq, what=str(path))
+
+
+class DecoderContext(Context):
+    """A causal decoder over the memory the plan names (llama_decode)."""
+    kind = "decoder"
+
+
+class NoKVContext(DecoderContext):
+    """A decoder without a cache: every batch recomputes the prefix it attends (--kv none)."""
+    kind = "no-kv"
+
+
+class EncoderContext(Context):
+    """An encoder (BERT): no memory; a batch is encoded whole and its outputs are embeddings, pooled
+    per sequence. llama_decode on it forwards to llama_encode, as here."""
+    kind = "encoder"
+    generates = False
+
+    def _create_memory(self):
+        return None
+
+    def clear(self) -> None:
+        """Nothing is kept between batches."""
+
+    def seq_capacity(self) -> int:
+        return self.n_ctx
+
+    def check_prompt(self, tokens: list[int], margin: int = 0) -> None:
+        raise InvalidInputError(f"{self.model.arch} is an encoder: it generates no text (llm embed gives its vectors)")
+
+    @property
+    def prompt_batch(self) -> int:
+        return self.params.n_ubatch
+
+    def decode(self, batch: Batch) -> DecodeStatus:
+        return self.encode(batch)
+
+    def encode(self, batch: Batch) -> DecodeStatus:
+        """Encode a batch; its outputs are the embeddings (and their pools)."""
+        t0 = time.perf_counter()
+        status, out, _ = self._run_encoder(batch, self._logits_buffer(len(batch)))
+        if status == DecodeStatus.OK:
+            self._set_outputs(out, np.arange(len(batch)))
+            self.perf.add(len(batch), time.perf_counter() - t0)
+        return status
+
+    def state_bytes(self, tokens=(), seq: int | None = None) -> bytes:
+        raise self._stateless()
+
+    def load_state_bytes(self, data: bytes, seq: int | None = None, what: str = "state") -> list[int]:
+        raise self._stateless()
+
+    def _stateless(self) -> InvalidInputError:
+        return InvalidInputError(f"an encoder context ({self.model.arch}) keeps no state to save or load")
+
+
+class EncoderDecoderContext(DecoderContext):
+    """An encoder-decoder (T5): `encode` keeps the encoder's output, which the decoder's
+    cross-attention reads in every later decode (and which state files carry)."""
+    kind = "enc-dec"
+    needs_encoded_input = True
+
+    def __init__(self, model: Model, params: ContextParams | None = None, observer=None):
+        super().__init__(model, params, observer)
+        self.cross: CrossInput | None = None  # the last encode's output
+
+    def check_prompt(self, tokens: list[int], margin: int = 0) -> None:
+        if len(tokens) > self.params.n_ubatch:
+            raise InvalidInputError(f"the prompt is too long for the encoder ({len(tokens)} tokens; it encodes one "
+                                    f"micro-batch, -ub {self.params.n_ubatch})")
+        super().check_prompt(tokens, margin)
+
+    def start_prompt(self, prompt: list[int], n_seqs: int, prompt_cache: Path | None = None) -> list[int]:
+        """The prompt goes to the encoder, once per sequence that will decode; the decoder then starts
+        from the decoder start token over an empty memory (llama-completion)."""
+        if prompt_cache:
+            raise InvalidInputError(f"--prompt-cache keeps a decoder prompt; {self.model.arch} encodes every prompt anew")
+        tokens = np.tile(np.asarray(prompt, np.int32), n_seqs)
+        batch = Batch(tokens, np.tile(np.arange(len(prompt), dtype=np.int32), n_seqs),
+                      np.repeat(np.arange(n_seqs, dtype=np.int32), len(prompt)))
+        status = self.encode(batch)
+        if status != DecodeStatus.OK:
+            raise LLMError(f"encode failed ({status.name.lower().replace('_', ' ')}): {self.last_error}")
+        self.memory.clear()
+        return [self.model.decoder_start_id]
+
+    def prompt(self, batch: Batch) -> DecodeStatus:
+        return self.encode(batch)
+
+    @property
+    def prompt_batch(self) -> int:
+        return self.params.n_ubatch
+
+    def _decode_refusal(self) -> str:
+        if self.cross is None:
+            return f"{self.model.arch}'s decoder needs an encoded input: encode before decoding"
+        return ""
+
+    def _cross_input(self) -> CrossInput | None:
+        return self.cross
+
+    def encode(self, batch: Batch) -> DecodeStatus:
+        """Encode a batch; its output replaces the last encode's for the decoder to attend."""
+        t0 = time.perf_counter()
+        status, out, ub = self._run_encoder(batch, None)
+        if status == DecodeStatus.OK:
+            self.cross = CrossInput(out, ub.seq_id, self.backend.xp)
+            self.perf.add(len(batch), time.perf_counter() - t0)
+        return status
+
+    def _state_write_extra(self, w: StateWriter) -> None:
+        if self.cross is None:
+            CrossInput.write_none(w, self.model.hparams.n_embd)
+        else:
+            self.cross.state_write(w)
+
+    def _state_read_extra(self, r: StateReader):
+        cross = CrossInput.state_read(r, self.model.hparams.n_embd, self.params.n_seq_max, self.backend.xp)
+
+        def commit() -> None:
+            self.cross = cross
+        return commit
+
+
+CONTEXT_KINDS: dict[str, type[Context]] = {cls.kind: cls for cls in
+                                           (DecoderContext, NoKVContext, EncoderContext, EncoderDecoderContext)}
 
 
 def _read(path: str | Path) -> bytes:

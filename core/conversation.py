@@ -63,7 +63,7 @@ class Conversation:
         fresh decode of the whole history."""
         text = self.render(add_generation_prompt=True)
         if not text.startswith(self.cached_text):
-            self.ctx.memory.clear()
+            self.ctx.clear()
             self.cached_text, self.tokens = "", []
         first = not self.tokens
         new = self.vocab.tokenize(text[len(self.cached_text):], add_special=first, parse_special=True)

@@ -83,8 +83,7 @@ def embed_inputs(ctx, inputs: list[list[int]], on_batch=None) -> list[np.ndarray
                       pos=np.concatenate([np.arange(len(t), dtype=np.int32) for t in group]),
                       seq_id=np.concatenate([np.full(len(t), s, np.int32) for s, t in enumerate(group)]),
                       output=np.ones(n_tokens, bool))
-        if ctx.memory is not None:
-            ctx.memory.clear()
+        ctx.clear()
         if ctx.decode(batch) != 0:  # DecodeStatus.OK, tested as llama_decode's callers do
             raise InvalidInputError(f"embedding inputs {start + 1}..{end} failed: {ctx.last_error}")
         if ctx.pooling == "none":

@@ -29,23 +29,9 @@ class GenerationResult:
     t_sample: float = 0.0
 
 
-def sequence_capacity(ctx: Context) -> int:
-    """Cells one sequence can use: all of them, or its own stream's with --kv split."""
-    return ctx.n_ctx // ctx.params.n_seq_max if ctx.memory.kind == "split" else ctx.n_ctx
-
-
 def check_prompt(ctx: Context, tokens: list[int]) -> None:
-    if ctx.kind == "encoder":
-        raise InvalidInputError(f"{ctx.model.arch} is an encoder: it generates no text (llm embed gives its vectors)")
-    if not tokens:
-        raise InvalidInputError("the prompt is empty and the model adds no BOS token")
-    if ctx.kind == "enc-dec" and len(tokens) > ctx.params.n_ubatch:
-        raise InvalidInputError(f"the prompt is too long for the encoder ({len(tokens)} tokens; it encodes one "
-                                f"micro-batch, -ub {ctx.params.n_ubatch})")
-    limit = sequence_capacity(ctx) - PROMPT_MARGIN
-    if len(tokens) > limit:
-        raise InvalidInputError(f"the prompt is too long ({len(tokens)} tokens, the context -c {ctx.n_ctx} "
-                                f"allows {max(limit, 0)} per sequence)")
+    """Refuse a prompt the context cannot take with room left to generate."""
+    ctx.check_prompt(tokens, PROMPT_MARGIN)
 
 
 def check_context_shift(ctx: Context, n_seqs: int) -> None:
@@ -75,19 +61,6 @@ def prefill(ctx: Context, tokens: list[int], seq_id: int = 0) -> None:
     for i in range(0, len(tokens), n_batch):
         chunk = np.asarray(tokens[i:i + n_batch], dtype=np.int32)
         decode_or_raise(ctx, Batch.from_tokens(chunk, pos0=start + i, seq_id=seq_id))
-
-
-def encode_prompt(ctx: Context, prompt: list[int], n_seqs: int) -> list[int]:
-    """An encoder-decoder's prompt goes to the encoder, once per sequence that will decode; the
-    decoder then starts from the decoder start token over an empty memory (llama-completion)."""
-    tokens = np.tile(np.asarray(prompt, np.int32), n_seqs)
-    batch = Batch(tokens, np.tile(np.arange(len(prompt), dtype=np.int32), n_seqs),
-                  np.repeat(np.arange(n_seqs, dtype=np.int32), len(prompt)))
-    status = ctx.encode(batch)
-    if status != DecodeStatus.OK:
-        raise LLMError(f"encode failed ({status.name.lower().replace('_', ' ')}): {ctx.last_error}")
-    ctx.memory.clear()
-    return [ctx.model.decoder_start_id]
 
 
 def reuse_prompt_cache(ctx: Context, path: Path, prompt: list[int], report=None) -> tuple[int, bool]:
@@ -126,10 +99,7 @@ def generate(ctx: Context, samplers: list[Sampler] | Sampler, prompt: list[int],
     if len(samplers) > ctx.params.n_seq_max:
         raise InvalidInputError(f"{len(samplers)} completions need -np {len(samplers)}")
     check_prompt(ctx, prompt)
-    if ctx.kind == "enc-dec":
-        if prompt_cache:
-            raise InvalidInputError(f"--prompt-cache keeps a decoder prompt; {ctx.model.arch} encodes every prompt anew")
-        prompt = encode_prompt(ctx, prompt, len(samplers))
+    prompt = ctx.start_prompt(prompt, len(samplers), prompt_cache)  # an encoder-decoder encodes it
     n_cached, complete = reuse_prompt_cache(ctx, prompt_cache, prompt, report) if prompt_cache else (0, True)
     prefill(ctx, prompt[n_cached:])
     if not complete:
@@ -164,7 +134,7 @@ def _decode_loop(ctx, samplers, n_past, n_predict, on_token, n_keep=None) -> lis
     results = [GenerationResult() for _ in samplers]
     logits = {seq: ctx.get_logits() for seq in range(len(samplers))}  # all share the prompt's last logits
     active = list(range(len(samplers))) if n_predict != 0 else []
-    capacity = sequence_capacity(ctx)
+    capacity = ctx.seq_capacity()
     while active:
         step = []
         for seq in active:

@@ -114,7 +114,7 @@ class Graph:
         if values is group.keys and self.ops.reads_value_views:
             values = values[..., :d_v]
         if indexer is not None:
-            mask, n_kv_max = group.produce_mask(il, q, self.ops.xp, {"indexer_q": indexer.q, "indexer_w": indexer.w})
+            mask, n_kv_max = group.produce_mask(il, q, self.ops, {"indexer_q": indexer.q, "indexer_w": indexer.w})
             self.cb("dsa_mask", il, mask)
         else:
             mask, n_kv_max = self._mask(il, q, group)
@@ -130,11 +130,11 @@ class Graph:
     def _mask(self, il: int, q, group):
         """The producer's mask; one that ignores the queries is made once per ubatch and group."""
         if group.producer.uses_queries:
-            return group.produce_mask(il, q, self.ops.xp)
+            return group.produce_mask(il, q, self.ops)
         key = (id(group.producer), id(group.mask))
         if key not in self._masks:
             # holding the producer and the base keeps their ids from being reused while the key lives
-            self._masks[key] = (group.producer, group.mask, group.produce_mask(il, q, self.ops.xp))
+            self._masks[key] = (group.producer, group.mask, group.produce_mask(il, q, self.ops))
         return self._masks[key][2]
 
     def rs(self, il: int):
@@ -207,7 +207,7 @@ class AttnStats:
         row["kept"] += int(xp.isfinite(mask).sum())
         row["seconds"] += seconds
         row["calls"] += 1
-        row["paths"].add(getattr(backend, "last_attn_path", "dense"))
+        row["paths"].add(backend.last_attn_path)
 
     def lines(self) -> list[str]:
         out = []

@@ -188,7 +188,7 @@ register(Op(
     "MUL_MAT_GGML",
     make=lambda p, rng: dict(w=random_weight(rng, p["type_a"], p["m"], p["k"]), x=_f32(rng, p["n"], p["k"])),
     reference=_mul_mat_ggml_reference,
-    run=lambda b, i, p: b.with_numerics("ggml").mul_mat(i["w"], ggml_type(p["type_a"]), (p["m"], p["k"]), i["x"]),
+    run=lambda b, i, p: b.configured(numerics="ggml").mul_mat(i["w"], ggml_type(p["type_a"]), (p["m"], p["k"]), i["x"]),
     cases=_mul_mat_ggml_cases,
     perf_cases=lambda: [dict(type_a=t, type_b="f32", m=m, n=n, k=k, numerics="ggml") for t, (m, k) in
                         (("q4_1", (1536, 576)), ("q5_0", (2048, 640)), ("q4_K", (640, 2048))) for n in (1, 8, 512)],
@@ -572,7 +572,7 @@ def _indexer_ref(i, p):
 def _indexer_run(b, i, p):
     from .memory.masks import indexer_scores
 
-    return indexer_scores(i["q"], i["w"], i["keys"], b.xp)
+    return indexer_scores(i["q"], i["w"], b.cache_rows_f32(i["keys"]), b.xp)
 
 
 register(Op(

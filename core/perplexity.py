@@ -76,7 +76,7 @@ def chunk_logits(ctx: Context, tokens: np.ndarray, plan: ChunkPlan) -> Iterator[
     n_batch, first = plan.n_batch, plan.first
     for i in range(0, plan.n_chunk, plan.n_seq):
         n_seq = min(plan.n_seq, plan.n_chunk - i)
-        ctx.memory.clear()
+        ctx.clear()
         rows: list[list[np.ndarray]] = [[] for _ in range(n_seq)]
         for batch_start in range(0, plan.n_ctx, n_batch):
             size = min(plan.n_ctx - batch_start, n_batch)

@@ -88,8 +88,12 @@ def nmse(actual: np.ndarray, expected: np.ndarray) -> float:
 
 
 def supports(backend, case: Case) -> bool:
-    check = getattr(backend, "supports", None)
-    return check(case.op.name, case.params) if check else True
+    return backend.supports(case.op.name, case_types(case))
+
+
+def case_types(case: Case) -> tuple[str, ...]:
+    """The tensor types a case names (its `type`, `type_a`, `type_K`… parameters)."""
+    return tuple(v for k, v in case.params.items() if (k == "type" or k.startswith("type_")) and isinstance(v, str))
 
 
 def run_test(backend, case: Case) -> CaseResult:
@@ -126,7 +130,7 @@ def run_perf(backend, case: Case, seconds: float = PERF_SECONDS) -> CaseResult:
         result.supported = False
         return result
     inputs = _to_backend(backend, case.op.make(case.params, _rng(case)))
-    sync = getattr(backend, "synchronize", lambda: None)
+    sync = backend.synchronize
     out = case.op.run(backend, inputs, case.params)  # warm-up (and compile, on a GPU)
     sync()
     runs, start = 0, time.perf_counter()

@@ -20,7 +20,7 @@ from llmsuite.core.models import load_model
 
 
 def run_once(ctx: Context, rng, n_prompt: int, n_gen: int) -> tuple[float, float]:
-    ctx.memory.clear()
+    ctx.clear()
     n_vocab = ctx.model.hparams.n_vocab
     tokens = rng.integers(0, n_vocab, n_prompt)
     t0 = time.perf_counter()

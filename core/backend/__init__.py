@@ -8,7 +8,7 @@ from .cpu import CPUBackend
 
 BACKENDS = ("cpu", "cuda", "cuda-emu")
 __all__ = ["BACKENDS", "NUMERICS", "CPUBackend", "BackendUnavailable", "available_backends", "cuda_unavailable_reason", "default_cache_type",
-           "default_numerics", "get_backend"]
+           "default_numerics", "get_backend", "resolve_numerics"]
 
 
 class BackendUnavailable(InvalidInputError):
@@ -60,16 +60,22 @@ def default_numerics(backend: str) -> str:
     return chosen
 
 
+def resolve_numerics(backend: str, numerics: str | None) -> str:
+    """--numerics for a backend (None: its default), or the sentence saying why not."""
+    numerics = numerics or default_numerics(backend)
+    if numerics not in NUMERICS:
+        raise InvalidInputError(f"unknown --numerics '{numerics}' (choose from {', '.join(NUMERICS)})")
+    if backend != "cpu" and numerics != "f32":
+        raise InvalidInputError(f"--numerics {numerics} is implemented on the cpu backend only")
+    return numerics
+
+
 def get_backend(name: str = "cpu", attn_path: str = "auto", numerics: str | None = None, progress=None):
     """A backend by name (numerics None: the backend's default); `progress` hears of slow first-time
     work (cuda-emu's host build)."""
-    numerics = numerics or default_numerics(name)
-    if numerics not in NUMERICS:
-        raise InvalidInputError(f"unknown --numerics '{numerics}' (choose from {', '.join(NUMERICS)})")
+    numerics = resolve_numerics(name, numerics)
     if name == "cpu":
         return CPUBackend(attn_path, numerics)
-    if numerics != "f32":
-        raise InvalidInputError(f"--numerics {numerics} is implemented on the cpu backend only")
     if name == "cuda":
         reason = cuda_unavailable_reason()
         if reason:

@@ -18,7 +18,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from ..quants import dequantize
-from .algebra import ArrayAlgebra
+from .base import Backend
 from .cpu import SPARSE_MIN_KV, alibi_slopes
 from .kernels import (DEQUANT_KERNELS, GATHER_SHAPES, KERNEL_FILES, PF_ROWS, PREFILL_DIMS, KernelCompileError,
                       cuda_include_dirs, kernel_file, kernel_source, prefill_smem_bytes)
@@ -27,7 +27,10 @@ DECODE_MAX_ROWS = 8  # more query rows than this go to the prefill kernel (dense
 MIN_KEYS_PER_SPLIT = 256
 NULL = np.uint64(0)  # a null pointer argument
 F32, F16 = np.float32, np.float16
-UNSUPPORTED_OPS: tuple[str, ...] = ("MUL_MAT_GGML",)  # ggml numerics are the cpu backend's
+# ggml numerics are the cpu backend's; T5's unfused attention and the fused mask ops have no kernel
+# here (the memory computes the masks in CuPy array operations instead)
+UNSUPPORTED_OPS = frozenset({"MUL_MAT_GGML", "ATTN_SOFT_MAX", "BLOCK_TOPK_MASK", "BLOCK_BOUNDS"})
+CACHE_ROW_TYPES = ("f32", "f16")  # SET_ROWS stores these (no quantized cache rows yet)
 
 
 class CupyRuntime:
@@ -96,7 +99,7 @@ def _alibi_args(n_head: int, max_bias: float) -> tuple:
     return np.float32(max_bias), np.float32(m0), np.float32(m1), np.int32(n_head_log2)
 
 
-class CUDABackend(ArrayAlgebra):
+class CUDABackend(Backend):
     reads_value_views = True  # V may be a strided view of K (MLA): the kernels take a row stride
 
     def __init__(self, attn_path: str = "auto", runtime=None, progress=None):
@@ -104,6 +107,7 @@ class CUDABackend(ArrayAlgebra):
         self.name = self.runtime.name
         self.cp = self.xp = self.runtime.cp
         self.attn_path = attn_path
+        self.notes: list[str] = []
         self.device = self.cp.cuda.Device()
         self.n_sm = self.device.attributes["MultiProcessorCount"]
         self.kernels = Kernels(self.runtime, progress)
@@ -121,11 +125,11 @@ class CUDABackend(ArrayAlgebra):
     def synchronize(self) -> None:
         self.cp.cuda.get_current_stream().synchronize()
 
-    def supports(self, op: str, params: dict) -> bool:
+    def supports(self, op: str, types: tuple[str, ...] = ()) -> bool:
         if op in UNSUPPORTED_OPS:
             return False
         if op == "SET_ROWS":
-            return params["type"] in ("f32", "f16")
+            return all(t in CACHE_ROW_TYPES for t in types)
         return True
 
     def _launch(self, name: str, grid: tuple, block: int, args: tuple, shared_mem: int = 0) -> None:
@@ -133,7 +137,7 @@ class CUDABackend(ArrayAlgebra):
 
     # ---- weights -------------------------------------------------------------------------
 
-    def prepare(self, weight_types, state_space: bool = False, cache_types=("f16",), numerics: str = "f32") -> None:
+    def prepare(self, weight_types, state_space: bool = False, cache_types=("f16",)) -> None:
         """Nothing to do: the kernels were compiled when the backend started."""
 
     def load_weight(self, raw: np.ndarray, qtype, shape: tuple[int, ...], name: str = ""):
@@ -293,6 +297,12 @@ class CUDABackend(ArrayAlgebra):
         return y
 
     # ---- softmax and attention -----------------------------------------------------------
+
+    def attn_soft_max(self, q, k, v, mask, scale: float):
+        raise NotImplementedError("ATTN_SOFT_MAX has no CUDA kernel (supports() says so)")
+
+    def cache_rows_f32(self, x):
+        return x.astype(F32, copy=False)
 
     def soft_max_ext(self, x, mask, scale: float, max_bias: float = 0.0, sinks=None):
         """softmax(x * scale + slope_h * mask) over the last axis of x (n_head, rows, cols), with sinks."""

@@ -2,7 +2,7 @@
 (spec.py) and chosen by flag (factory.py)."""
 
 from .base import AttnGroup, AttnView, LoadedState, Memory, MemoryContext, MemoryStatus, RecurrentView
-from .factory import CTX_KINDS, KV_KINDS, MEMORY_KINDS, MemoryParams, create_memory, memory_kind, resolve_kinds
+from .factory import CTX_KINDS, KV_KINDS, MEMORY_KINDS, MemoryParams, create_memory, memory_kind
 from .iswa import KVCacheISWA
 from .kv_cache import KVCache
 from .none import NoKVMemory
@@ -12,5 +12,5 @@ from .storage import CACHE_TYPES
 
 __all__ = ["AttnGroup", "AttnView", "RecurrentView", "LoadedState", "Memory", "MemoryContext", "MemoryStatus",
            "KVCache", "KVCacheISWA", "NoKVMemory", "RecurrentMemory", "AttnSpec", "RecurrentSpec", "RopeSpec",
-           "MemorySpec", "MemoryParams", "create_memory", "memory_kind", "resolve_kinds", "MEMORY_KINDS", "KV_KINDS",
+           "MemorySpec", "MemoryParams", "create_memory", "memory_kind", "MEMORY_KINDS", "KV_KINDS",
            "CTX_KINDS", "CACHE_TYPES"]

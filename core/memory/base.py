@@ -40,11 +40,13 @@ class AttnGroup:
     producer: MaskProducer = field(default_factory=CausalMask)
     extra: dict = field(default_factory=dict)  # what the producer reads besides (e.g. "bounds")
 
-    def produce_mask(self, il: int, q, xp=np, queries: dict | None = None) -> tuple[np.ndarray, int]:
-        """(mask, n_kv_max) for these rows' queries q, by the layer's producer; `queries` adds
-        per-row inputs of the producer (the indexer's queries and weights)."""
+    def produce_mask(self, il: int, q, backend=None, queries: dict | None = None) -> tuple[np.ndarray, int]:
+        """(mask, n_kv_max) for these rows' queries q, by the layer's producer (with the backend's
+        fused mask ops where it has them); `queries` adds per-row inputs of the producer (the
+        indexer's queries and weights). Without a backend: NumPy array operations."""
         extra = self.extra if not queries else {**self.extra, **queries}
-        return self.producer(MaskInput(il, q, self.mask, self.pos, self.cell_pos, xp, extra))
+        xp = np if backend is None else backend.xp
+        return self.producer(MaskInput(il, q, self.mask, self.pos, self.cell_pos, xp, extra, backend))
 
 
 class AttnView(Protocol):
@@ -160,6 +162,11 @@ class Memory(ABC):
 
     @abstractmethod
     def seq_pos_max(self, seq: int) -> int: ...
+
+    def seq_capacity(self) -> int | None:
+        """Cells one sequence can hold, or None where this memory sets no bound of its own (the
+        context's size bounds it then)."""
+        return None
 
     @property
     def can_shift(self) -> bool:

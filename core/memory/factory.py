@@ -1,5 +1,5 @@
-"""Building a model's memory from the layout it declares (`MemorySpec`) and the flags (`--kv`,
-`--ctx`, `--swa-full`, cache types, `-np`), refusing combinations that cannot apply with the reason.
+"""Building a model's memory from the layout it declares (`MemorySpec`) and the plan resolved from
+the flags (core/plan.py, where the refusals of flag combinations live).
 
 Each `--kv` value is a `MemoryKind` registered with `@memory_kind`: a new kind of memory adds one
 there, with its builder, its size and the models it refuses; the choosing code stays as it is."""
@@ -20,7 +20,7 @@ from .masks import TOPK_AUTO_MIN_KV, TOPK_AUTO_RATIO, BlockTopK, IndexerTopK, Ma
 from .none import NoKVMemory
 from .recurrent import RecurrentMemory
 from .spec import AttnSpec, MemorySpec, RecurrentSpec
-from .storage import CACHE_TYPES, check_cache_type, row_bytes
+from .storage import check_cache_type, row_bytes
 
 CTX_KINDS = ("auto", "decoder", "encoder", "enc-dec", "no-kv")
 ATTN_IMPLS = ("auto", "naive", "mla")
@@ -32,8 +32,8 @@ class MemoryParams:
     n_ctx: int = 0
     n_ubatch: int = 512
     n_seq_max: int = 1
-    type_k: str = "f32"
-    type_v: str = "f32"
+    type_k: str = "f16"  # as the CLI and llama.cpp (default_cache_type)
+    type_v: str = "f16"
     swa_full: bool = False
     kv: str = "auto"
     ctx: str = "auto"
@@ -42,33 +42,12 @@ class MemoryParams:
     attn_impl: str = "auto"  # latent-attention models: cache the latent ("mla") or per-head K/V ("naive")
     sparse: SparseParams = field(default_factory=SparseParams)
 
-    def validate_flags(self) -> None:
-        """The checks that hold whatever the model."""
-        if self.kv not in KV_KINDS:
-            raise InvalidInputError(f"unknown --kv '{self.kv}' (choose from {', '.join(KV_KINDS)})")
-        if self.ctx not in CTX_KINDS:
-            raise InvalidInputError(f"unknown --ctx '{self.ctx}' (choose from {', '.join(CTX_KINDS)})")
-        if self.attn_impl not in ATTN_IMPLS:
-            raise InvalidInputError(f"unknown --attn-impl '{self.attn_impl}' (choose from {', '.join(ATTN_IMPLS)})")
-        if not 1 <= self.n_seq_max <= MAX_SEQ:
-            raise InvalidInputError(f"-np must be between 1 and {MAX_SEQ}")
-        for flag, type_name in (("--cache-type-k", self.type_k), ("--cache-type-v", self.type_v)):
-            if type_name not in CACHE_TYPES:
-                raise InvalidInputError(f"{flag} {type_name} is not supported (choose from {', '.join(CACHE_TYPES)})")
-        if self.ctx == "no-kv" and self.kv not in ("auto", "none"):
-            raise InvalidInputError(f"--ctx no-kv recomputes the prefix without a cache, so --kv {self.kv} cannot apply")
-        if self.ctx == "decoder" and self.kv == "none":
-            raise InvalidInputError("--ctx decoder decodes over a cache; use --ctx no-kv to run without one")
-        if self.swa_full and self.kv not in ("auto", "iswa"):
-            raise InvalidInputError(f"--swa-full sizes the window cache of --kv iswa; --kv {self.kv} has none")
-        self.sparse.validate()
-
 
 @dataclass(frozen=True)
 class MemoryKind:
     """A selectable memory class: how to build it from a model's spec and the flags, what it will
     take (checked before anything is allocated), and why it cannot serve a model (None: it can)."""
-    build: Callable[[MemorySpec, MemoryParams, object], Memory]
+    build: Callable[[MemorySpec, MemoryParams, object], Memory]  # (spec, params, backend)
     nbytes: Callable[[MemorySpec, MemoryParams], int]
     refuses: Callable[[MemorySpec, str, MemoryParams], str | None]
     holds_kv: bool = True  # its storage types are -ctk/-ctv
@@ -85,51 +64,6 @@ def memory_kind(name: str, nbytes, refuses, holds_kv: bool = True):
     return register
 
 
-def resolve_kinds(arch: str, spec: MemorySpec, p: MemoryParams) -> tuple[str, str]:
-    """(memory kind, context kind) for a model, or InvalidInputError saying why not. An encoder
-    gets no memory ("" here); an encoder-decoder's memory serves its decoder."""
-    p.validate_flags()
-    if spec.model_kind == "encoder":
-        return "", _encoder_context(arch, p)
-    _check_decoder_context(arch, spec, p)
-    kv = p.kv if p.kv != "auto" else ("none" if p.ctx == "no-kv" else default_kind(spec))
-    reason = MEMORY_KINDS[kv].refuses(spec, arch, p)
-    if reason:
-        raise InvalidInputError(reason)
-    if p.swa_full and not spec.window_layers:
-        raise InvalidInputError(f"--swa-full applies to sliding-window models; {arch} has none")
-    if p.sparse.topk and not any(isinstance(m, BlockTopK) for m in mask_producers(spec, p).values()):
-        raise InvalidInputError(_no_selecting_layer(spec, arch, p))
-    if not MEMORY_KINDS[kv].holds_kv and p.cache_types_given and spec.of(RecurrentSpec):
-        raise InvalidInputError(f"-ctk/-ctv set the types of cached keys and values; {arch}'s recurrent "
-                                "states are float32")
-    if spec.model_kind == "enc-dec":
-        return kv, "enc-dec"
-    return kv, ("no-kv" if kv == "none" else "decoder")
-
-
-def _encoder_context(arch: str, p: MemoryParams) -> str:
-    if p.ctx not in ("auto", "encoder"):
-        raise InvalidInputError(f"--ctx {p.ctx} needs a causal decoder; {arch} is an encoder (use --ctx encoder)")
-    if p.kv not in ("auto", "none"):
-        raise InvalidInputError(f"--kv {p.kv} caches keys for a decoder; {arch} is an encoder and keeps no memory")
-    if p.sparse.topk:
-        raise InvalidInputError(f"--sparse-topk selects cached keys; {arch} is an encoder and keeps no memory")
-    return "encoder"
-
-
-def _check_decoder_context(arch: str, spec: MemorySpec, p: MemoryParams) -> None:
-    if spec.model_kind == "enc-dec":
-        if p.ctx not in ("auto", "enc-dec"):
-            raise InvalidInputError(f"{arch} is an encoder-decoder: use --ctx enc-dec (with --kv none to decode "
-                                    "without a cache)")
-        return
-    if p.ctx == "encoder":
-        raise InvalidInputError(f"--ctx encoder needs an encoder model; {arch} is a causal decoder")
-    if p.ctx == "enc-dec":
-        raise InvalidInputError(f"--ctx enc-dec needs a model with an encoder; {arch} is a causal decoder")
-
-
 def mask_producers(spec: MemorySpec, p: MemoryParams) -> dict[int, MaskProducer]:
     """The indexer of every layer that has one (DSA), and the block top-k producer of every other
     full-attention layer --sparse-layers names (window layers keep their window). Under --attn
@@ -142,23 +76,6 @@ def mask_producers(spec: MemorySpec, p: MemoryParams) -> dict[int, MaskProducer]
     topk = BlockTopK(sp.topk, sp.block, sp.n_local, min_kv)
     return {**{il: topk for il, layer in spec.of(AttnSpec).items()
                if layer.window == 0 and not layer.indexer and sp.selects(il)}, **indexed}
-
-
-def _no_selecting_layer(spec: MemorySpec, arch: str, p: MemoryParams) -> str:
-    attn = spec.of(AttnSpec)
-    if not attn:
-        return f"--sparse-topk selects the keys attention reads; {arch} has no attention layers"
-    if all(layer.indexer for layer in attn.values()):
-        return f"--sparse-topk selects keys by block bounds; every layer of {arch} selects its own with its indexer"
-    full = [il for il, layer in attn.items() if layer.window == 0]
-    if not full:
-        return f"--sparse-topk applies to full-attention layers; every layer of {arch} is a sliding window"
-    return (f"--sparse-layers '{p.sparse.layers}' names none of {arch}'s full-attention layers "
-            f"({_ranges(full)})")
-
-
-def _ranges(layers: list[int]) -> str:
-    return ",".join(str(il) for il in layers) if len(layers) < 8 else f"{layers[0]}..{layers[-1]}"
 
 
 def default_kind(spec: MemorySpec) -> str:
@@ -177,21 +94,20 @@ def _indexed(spec: MemorySpec) -> bool:
     return any(layer.indexer for layer in spec.of(AttnSpec).values())
 
 
-def create_memory(spec: MemorySpec, arch: str, p: MemoryParams, xp=np) -> Memory:
-    """The memory the flags ask for, for a model that declared `spec`, its arrays in `xp`."""
-    kv, ctx = resolve_kinds(arch, spec, p)
-    if ctx == "encoder":
-        raise InvalidInputError(f"{arch} is an encoder: its context keeps no memory")
-    kind = MEMORY_KINDS[kv]
+def create_memory(plan, p: MemoryParams, backend) -> Memory:
+    """The memory a resolved plan (core/plan.py) names, for the layout the model declared, its
+    arrays in the backend's array module; the cache types are checked against the layer widths and
+    the size against the memory available before anything is allocated."""
+    spec, kind = plan.spec, MEMORY_KINDS[plan.memory]
     if kind.holds_kv:
-        for il, layer in spec.of(AttnSpec).items():
+        for layer in spec.of(AttnSpec).values():
             check_cache_type(p.type_k, layer.k_width)
             if layer.v_width:
                 check_cache_type(p.type_v, layer.v_width)
             if layer.indexer:
                 check_cache_type(p.type_k, layer.indexer.head_dim)
-    check_fits(kind.nbytes(spec, p), p.n_ctx, xp)
-    return kind.build(spec, p, xp)
+    check_fits(kind.nbytes(spec, p), p.n_ctx, backend.xp)
+    return kind.build(spec, p, backend)
 
 
 # ---- the kinds ---------------------------------------------------------------------------
@@ -232,21 +148,21 @@ def _window(spec: MemorySpec) -> dict:
 
 
 @memory_kind("unified", lambda spec, p: _kv_bytes(spec, p, p.n_ctx), _attention_only("unified"))
-def _unified(spec: MemorySpec, p: MemoryParams, xp) -> Memory:
-    return KVCache(spec.of(AttnSpec), p.n_ctx, p.n_seq_max, 1, p.type_k, p.type_v, kind="unified", xp=xp,
+def _unified(spec: MemorySpec, p: MemoryParams, backend) -> Memory:
+    return KVCache(spec.of(AttnSpec), p.n_ctx, p.n_seq_max, 1, p.type_k, p.type_v, kind="unified", backend=backend,
                    producers=mask_producers(spec, p), **_window(spec))
 
 
 @memory_kind("split", lambda spec, p: _kv_bytes(spec, p, p.n_ctx), _attention_only("split"))
-def _split(spec: MemorySpec, p: MemoryParams, xp) -> Memory:
+def _split(spec: MemorySpec, p: MemoryParams, backend) -> Memory:
     return KVCache(spec.of(AttnSpec), p.n_ctx // p.n_seq_max, p.n_seq_max, p.n_seq_max, p.type_k, p.type_v,
-                   kind="split", producers=mask_producers(spec, p), xp=xp, **_window(spec))
+                   kind="split", producers=mask_producers(spec, p), backend=backend, **_window(spec))
 
 
 @memory_kind("iswa", lambda spec, p: _kv_bytes(spec, p, p.n_ctx, _window_cells(spec, p)), _attention_only("iswa"))
-def _iswa(spec: MemorySpec, p: MemoryParams, xp) -> Memory:
+def _iswa(spec: MemorySpec, p: MemoryParams, backend) -> Memory:
     return KVCacheISWA(spec.of(AttnSpec), set(spec.window_layers), p.n_ctx, spec.window, p.n_ubatch, p.n_seq_max,
-                       p.type_k, p.type_v, p.swa_full, producers=mask_producers(spec, p), xp=xp)
+                       p.type_k, p.type_v, p.swa_full, producers=mask_producers(spec, p), backend=backend)
 
 
 def _latent_only(name: str):
@@ -265,16 +181,16 @@ def _latent_only(name: str):
 
 
 @memory_kind("mla", lambda spec, p: _kv_bytes(spec, p, p.n_ctx), _latent_only("mla"))
-def _mla(spec: MemorySpec, p: MemoryParams, xp) -> Memory:
+def _mla(spec: MemorySpec, p: MemoryParams, backend) -> Memory:
     """K-only rows (the latent and the rope part, one head); V is a view of them."""
-    return KVCache(spec.of(AttnSpec), p.n_ctx, p.n_seq_max, 1, p.type_k, p.type_v, kind="mla", xp=xp,
+    return KVCache(spec.of(AttnSpec), p.n_ctx, p.n_seq_max, 1, p.type_k, p.type_v, kind="mla", backend=backend,
                    producers=mask_producers(spec, p))
 
 
 @memory_kind("dsa", lambda spec, p: _kv_bytes(spec, p, p.n_ctx), _latent_only("dsa"))
-def _dsa(spec: MemorySpec, p: MemoryParams, xp) -> Memory:
+def _dsa(spec: MemorySpec, p: MemoryParams, backend) -> Memory:
     """The MLA latent cache and, in the same cells, one head of indexer keys per layer."""
-    return KVCache(spec.of(AttnSpec), p.n_ctx, p.n_seq_max, 1, p.type_k, p.type_v, kind="dsa", xp=xp,
+    return KVCache(spec.of(AttnSpec), p.n_ctx, p.n_seq_max, 1, p.type_k, p.type_v, kind="dsa", backend=backend,
                    producers=mask_producers(spec, p))
 
 
@@ -287,14 +203,14 @@ def _recurrent_only(spec: MemorySpec, arch: str, p: MemoryParams) -> str | None:
 
 @memory_kind("recurrent", lambda spec, p: 4 * p.n_seq_max * sum(s.n_floats for s in spec.of(RecurrentSpec).values()),
              _recurrent_only, holds_kv=False)
-def _recurrent(spec: MemorySpec, p: MemoryParams, xp) -> Memory:
-    return RecurrentMemory(spec.of(RecurrentSpec), p.n_seq_max, xp=xp)
+def _recurrent(spec: MemorySpec, p: MemoryParams, backend) -> Memory:
+    return RecurrentMemory(spec.of(RecurrentSpec), p.n_seq_max, xp=backend.xp)
 
 
 @memory_kind("none", lambda spec, p: 0, lambda spec, arch, p: None, holds_kv=False)
-def _none(spec: MemorySpec, p: MemoryParams, xp) -> Memory:
+def _none(spec: MemorySpec, p: MemoryParams, backend) -> Memory:
     return NoKVMemory(p.n_seq_max, n_vocab=spec.n_vocab, recurrent=spec.of(RecurrentSpec),
-                      producers=mask_producers(spec, p), xp=xp, **_window(spec))
+                      producers=mask_producers(spec, p), xp=backend.xp, **_window(spec))
 
 
 KV_KINDS = ("auto", *MEMORY_KINDS)

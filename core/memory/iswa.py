@@ -24,16 +24,19 @@ class KVCacheISWA(Memory):
 
     def __init__(self, layers: dict[int, AttnSpec], swa_layers: set[int], kv_size: int, n_swa: int,
                  n_ubatch: int, n_seq_max: int = 1, type_k: str = "f32", type_v: str = "f32",
-                 swa_full: bool = False, producers=None, xp=None):
+                 swa_full: bool = False, producers=None, xp=None, backend=None):
         base_layers = {il: s for il, s in layers.items() if il not in swa_layers}
         window_layers = {il: s for il, s in layers.items() if il in swa_layers}
         swa_size = kv_size if swa_full else swa_cache_size(kv_size, n_swa, n_seq_max, n_ubatch)
         self.swa_full = swa_full
         self.base = KVCache(base_layers, kv_size, n_seq_max, 1, type_k, type_v, kind="iswa-base",
-                            producers=producers, xp=xp)
+                            producers=producers, xp=xp, backend=backend)
         self.swa = KVCache(window_layers, swa_size, n_seq_max, 1, type_k, type_v, n_swa=n_swa,
-                           swa_layers=window_layers, kind="iswa-window", xp=xp)
+                           swa_layers=window_layers, kind="iswa-window", xp=xp, backend=backend)
         self.children = (self.base, self.swa)
+
+    def seq_capacity(self) -> int:
+        return self.base.seq_capacity()  # the window cache wraps around
 
     def init_batch(self, balloc: BatchAllocator, n_ubatch: int) -> "ISWAContext":
         ubatches = balloc.split_simple(n_ubatch)

@@ -79,7 +79,8 @@ class KVCells:
 class KVCache(Memory):
     def __init__(self, layers: dict[int, AttnSpec], kv_size: int, n_seq_max: int = 1, n_stream: int = 1,
                  type_k: str = "f32", type_v: str = "f32", n_swa: int = 0, swa_layers=frozenset(),
-                 kind: str = "unified", producers: dict[int, MaskProducer] | None = None, xp=None):
+                 kind: str = "unified", producers: dict[int, MaskProducer] | None = None, xp=None, backend=None):
+        xp = backend.xp if backend is not None and xp is None else xp
         self.kind = kind
         self.layers = layers
         self.kv_size, self.n_seq_max, self.n_stream = kv_size, n_seq_max, n_stream
@@ -94,15 +95,20 @@ class KVCache(Memory):
         self.cells = [KVCells(kv_size, n_seq_max) for _ in range(n_stream)]
         self.heads = [0] * n_stream
         self.xp = xp if xp is not None else np
+        self.backend = backend  # the fused mask ops of the block bounds, where it has them
         window, causal = WindowMask(n_swa), CausalMask()  # one each, so layers share their masks
         self.producers = {il: (producers or {}).get(il) or (window if il in self.swa_layers else causal)
                           for il in layers}
         self.bounds = {il: self._bounds_for(il, p) for il, p in self.producers.items() if isinstance(p, BlockTopK)}
 
+    def seq_capacity(self) -> int:
+        """A sequence's stream: the whole cache, or with one stream per sequence (--kv split) its own."""
+        return self.kv_size
+
     def _bounds_for(self, il: int, producer: "BlockTopK") -> BlockBounds:
         """Block bounds of layer il's keys, kept stale-marked by every write to its K storage."""
         store = self.k[il]
-        bounds = BlockBounds(self.n_stream, self.kv_size, store.dim, producer.block, self.xp)
+        bounds = BlockBounds(self.n_stream, self.kv_size, store.dim, producer.block, self.xp, self.backend)
         store.on_write = bounds.touch
         return bounds
 

@@ -27,9 +27,6 @@ NEG_INF = np.float32(-np.inf)
 # K = 1024 is 0.80x dense at d2048, 0.99x at d4096 (4608 cells, 4x the 1152 kept), 1.32x at d8192.
 TOPK_AUTO_MIN_KV = 4096
 TOPK_AUTO_RATIO = 5
-# Query rows up to which the CPU selection runs on one thread (a decoded token: waking the
-# thread pool costs more than the row).
-FEW_ROWS_SERIAL = 2
 # --sparse-local when not given (and at most K): a wider window of the latest positions measured
 # better than 64 at the same K (docs/sparse-attention.md)
 LOCAL_DEFAULT = 128
@@ -45,6 +42,7 @@ class MaskInput:
     cell_pos: np.ndarray  # (n_kv,) position of each cell, -1 for an empty one
     xp: object = np
     extra: dict = field(default_factory=dict)  # stores a producer reads ("bounds": a BlockBounds view)
+    backend: object = None  # the context's backend: its fused mask op where it has one
 
 
 class MaskProducer(Protocol):
@@ -84,20 +82,6 @@ class SparseParams:
     block: int = 16
     local: int = -1  # -1: min(LOCAL_DEFAULT, topk)
     layers: str = "2-"  # the layers that select; the first two stay dense by default
-
-    def validate(self) -> None:
-        from ..errors import InvalidInputError
-
-        if self.topk < 0:
-            raise InvalidInputError(f"--sparse-topk must be 0 (dense) or a positive number of cells, not {self.topk}")
-        if self.block < 1 or self.block & (self.block - 1):
-            raise InvalidInputError(f"--sparse-block must be a power of two, not {self.block}")
-        if self.topk % self.block:
-            raise InvalidInputError(f"--sparse-topk {self.topk} is not a multiple of --sparse-block {self.block}")
-        if self.local < -1 or (self.topk and self.n_local > self.topk):
-            raise InvalidInputError(f"--sparse-local {self.local} must be between 0 and --sparse-topk {self.topk} "
-                                    "(or -1: the default)")
-        parse_layers(self.layers)
 
     @property
     def n_local(self) -> int:
@@ -159,7 +143,8 @@ class BlockTopK:
     def __call__(self, inp: MaskInput):
         if not self.applies(inp.base.shape[1]):
             return inp.base, 0
-        mask = self.fused_mask(inp) if inp.xp is np else self.mask(inp)
+        fused = inp.backend is not None and inp.backend.supports("BLOCK_TOPK_MASK")
+        mask = self.fused_mask(inp) if fused else self.mask(inp)
         return mask, self.n_kv_max
 
     def mask(self, inp: MaskInput):
@@ -175,17 +160,12 @@ class BlockTopK:
         return xp.where(keep, base, NEG_INF)
 
     def fused_mask(self, inp: MaskInput) -> np.ndarray:
-        """The same selection in one compiled pass per row: the CPU path (forty NumPy calls cost
-        more than the attention they save on a decoded token)."""
-        from ..backend.cpu import akernels
-
-        rows, n_kv = inp.base.shape
+        """The same selection in one pass of the backend's BLOCK_TOPK_MASK (on the CPU forty NumPy
+        calls cost more than the attention they save on a decoded token)."""
+        n_kv = inp.base.shape[1]
         lo, hi = inp.extra["bounds"].block_bounds(-(-n_kv // self.block))
-        out = np.empty((rows, n_kv), dtype=np.float32)
-        kernel = akernels().block_topk_mask if rows > FEW_ROWS_SERIAL else akernels().block_topk_mask_serial
-        kernel(np.ascontiguousarray(inp.q, dtype=np.float32), np.ascontiguousarray(inp.base, dtype=np.float32),
-               np.asarray(inp.pos), np.asarray(inp.cell_pos), lo, hi, self.topk, self.block, self.local, out)
-        return out
+        return inp.backend.block_topk_mask(inp.q, inp.base, inp.pos, inp.cell_pos, lo, hi, self.topk, self.block,
+                                           self.local)
 
     def _chosen_cells(self, inp: MaskInput, visible, far):
         """(rows, n_kv) True on the cells of each row's chosen blocks. Only blocks with a visible
@@ -224,7 +204,8 @@ class IndexerTopK:
 
     def __call__(self, inp: MaskInput):
         e, xp = inp.extra, inp.xp
-        scores = indexer_scores(e["indexer_q"], e["indexer_w"], e["indexer_keys"], xp)
+        keys = e["indexer_keys"] if inp.backend is None else inp.backend.cache_rows_f32(e["indexer_keys"])
+        scores = indexer_scores(e["indexer_q"], e["indexer_w"], keys, xp)
         return top_k_mask(scores, inp.base, self.top_k, xp), self.top_k
 
 
@@ -238,12 +219,8 @@ def hadamard(n: int) -> np.ndarray:
 
 def indexer_scores(q, w, keys, xp=np):
     """(rows, n_kv): Σ_h w[r, h]·ReLU(q[r, h]·k[j]) for q (rows, n_head, d), w (rows, n_head),
-    keys (n_kv, 1, d) as cached (f32, f16 or quantized blocks), in float32."""
+    keys (n_kv, 1, d) as float rows (Backend.cache_rows_f32 of the cached ones), in float32."""
     rows, n_head, d = q.shape
-    if xp is np:
-        from ..backend.cpu import as_float
-
-        keys = as_float(keys)
     keys = xp.asarray(keys, dtype=np.float32).reshape(-1, d)
     dots = xp.maximum(xp.asarray(q, dtype=np.float32).reshape(rows * n_head, d) @ keys.T, 0)
     return xp.matmul(xp.asarray(w, dtype=np.float32)[:, None, :], dots.reshape(rows, n_head, -1))[:, 0]
@@ -295,8 +272,9 @@ class BlockBounds:
     sequence edit, shift, state load and rollback is covered without hooks of its own. Stale blocks
     are recomputed from the cache when a producer asks."""
 
-    def __init__(self, n_stream: int, kv_size: int, width: int, block: int, xp=np):
+    def __init__(self, n_stream: int, kv_size: int, width: int, block: int, xp=np, backend=None):
         self.block, self.kv_size, self.xp = block, kv_size, xp
+        self.backend = backend  # its fused BLOCK_BOUNDS where it has one; else array operations
         n_blocks = -(-kv_size // block)
         self.lo = xp.zeros((n_stream, n_blocks, width), dtype=np.float32)
         self.hi = xp.zeros((n_stream, n_blocks, width), dtype=np.float32)
@@ -307,11 +285,9 @@ class BlockBounds:
         self.stale[np.asarray(streams), np.asarray(cells) // self.block] = True
 
     def refresh(self, st: int, store, cell_pos: np.ndarray, n_blocks: int) -> None:
-        if self.xp is np and store.qtype is None:  # f32/f16 rows read where they lie, in one call
-            from ..backend.cpu import akernels, cache_bits
-
-            akernels().refresh_block_bounds(cache_bits(store.data[st]), cell_pos, self.seen_pos[st], self.stale[st],
-                                            self.block, n_blocks, self.lo[st], self.hi[st])
+        if self.backend is not None and self.backend.supports("BLOCK_BOUNDS", (store.type_name,)):
+            self.backend.block_bounds(store.data[st], cell_pos, self.seen_pos[st], self.stale[st], self.block, n_blocks,
+                                      self.lo[st], self.hi[st])  # rows read where they lie, in one call
             return
         changed = np.flatnonzero(cell_pos != self.seen_pos[st])
         self.stale[st, changed // self.block] = True

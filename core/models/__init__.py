@@ -12,9 +12,11 @@ from .base import HParams, Model, ProgressFn
 from .registry import ARCHITECTURES
 
 
-def load_model(path: str | Path, progress: ProgressFn | None = None, backend: str = "cpu") -> Model:
-    """The model in `path`, its weights placed and typed for `backend` (dequantized once, at load)."""
-    compute = get_backend(backend)
+def load_model(path: str | Path, progress: ProgressFn | None = None, backend: str = "cpu",
+               numerics: str | None = None) -> Model:
+    """The model in `path`, its weights placed and typed for `backend` with these numerics (None: the
+    backend's default); a backend lacking an op the architecture calls is refused before loading."""
+    compute = get_backend(backend, numerics=numerics)
     gguf = GGUFFile(path)
     try:
         arch = gguf.architecture
@@ -22,6 +24,7 @@ def load_model(path: str | Path, progress: ProgressFn | None = None, backend: st
         if cls is None:
             known = ", ".join(sorted(ARCHITECTURES))
             raise UnsupportedError(f"{gguf.path}: unknown architecture '{arch}' (this engine runs: {known})")
+        cls.check_backend(gguf, compute)
         return cls(gguf, progress, compute)
     finally:
         gguf.close()

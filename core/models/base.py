@@ -11,12 +11,13 @@ import numpy as np
 from gguf import GGMLQuantizationType, LlamaFileType
 
 from ..backend import get_backend
+from ..backend.base import refusal
 from ..batch import POS_LIMIT
-from ..errors import InvalidInputError, ModelFileError, UnsupportedError, printable
+from ..errors import ModelFileError, UnsupportedError, printable
 from ..gguf import GGUFFile
 from ..moe import MoEParams
 from ..quants import dequantize
-from ..memory import AttnSpec, Memory, MemoryParams, MemorySpec, RecurrentSpec, RopeSpec, create_memory
+from ..memory import AttnSpec, MemorySpec, RecurrentSpec, RopeSpec
 from ..vocab import Vocab
 
 ProgressFn = Callable[[int, int], None]
@@ -139,10 +140,12 @@ def fingerprint(gguf: GGUFFile, hp: HParams) -> str:
 
 
 class Model:
-    """Base class of an architecture: `load_hparams`, `load_tensors`, `forward`, `create_memory`."""
+    """Base class of an architecture: `load_hparams`, `load_tensors`, `forward`, `memory_spec`."""
 
     arch: ClassVar[str] = ""
     attn_impls: ClassVar[tuple[str, ...]] = ()  # latent-attention models: their --attn-impl values, default first
+    # the backend ops (core/backend/base.py OPS) the forward pass calls, checked before loading
+    ops: ClassVar[tuple[str, ...]] = ("GET_ROWS", "MUL_MAT", "RMS_NORM", "ROPE", "SWIGLU", "FLASH_ATTN_EXT", "TOP_K")
 
     def __init__(self, gguf: GGUFFile, progress: ProgressFn | None = None, backend=None):
         self.path = gguf.path
@@ -186,10 +189,15 @@ class Model:
         output, (n_tokens, n_embd). Only models with an encoder have one."""
         raise NotImplementedError(f"{self.arch} has no encoder")
 
-    def require_cpu(self) -> None:
-        """Refuse a backend whose kernels this architecture does not use yet."""
-        if self.backend.name != "cpu":
-            raise UnsupportedError(f"{self.arch} runs on the cpu backend only for now (--backend cpu)")
+    @classmethod
+    def check_backend(cls, gguf: GGUFFile, backend) -> None:
+        """Refuse, before any tensor is read, a backend that lacks an op this architecture calls
+        (matmuls on the file's matrix types, row lookups on its embedding type)."""
+        matrix_types = tuple(sorted({t.type.name.lower() for t in gguf.tensors.values() if len(t.numpy_shape) == 2}))
+        for op in cls.ops:
+            types = matrix_types if op in ("MUL_MAT", "GET_ROWS") else ()
+            if not backend.supports(op, types):
+                raise UnsupportedError(refusal(backend, op, types, cls.arch))
 
     def memory_spec(self, attn_impl: str = "naive") -> MemorySpec:
         """The memory layout, one spec per layer, for the attention implementation chosen (see
@@ -204,29 +212,6 @@ class Model:
     @property
     def is_recurrent(self) -> bool:
         return bool(self.memory_spec().of(RecurrentSpec))
-
-    def create_memory(self, params: MemoryParams, xp=np) -> Memory:
-        """The memory the flags ask for, built from `memory_spec()`."""
-        return create_memory(self.memory_spec(self.resolve_attn_impl(params)), self.arch, params, xp)
-
-    def resolve_attn_impl(self, p: MemoryParams) -> str:
-        """--attn-impl for this model: what a latent-attention model caches ("mla": the latent,
-        "naive": K and V per head); every other model attends naively. Under auto, a latent model
-        takes its first choice unless --kv asks for per-head rows."""
-        if not self.attn_impls:
-            if p.attn_impl == "mla":
-                raise InvalidInputError(f"--attn-impl mla applies to models with multi-head latent attention; "
-                                        f"{self.arch} has none")
-            return "naive"
-        if p.attn_impl == "auto":
-            return "naive" if p.kv in ("unified", "split") and "naive" in self.attn_impls else self.attn_impls[0]
-        if p.attn_impl not in self.attn_impls:
-            raise InvalidInputError(f"--attn-impl {p.attn_impl} expands K and V per head, but {self.arch}'s dsa cache "
-                                    "holds the latent its indexer selects from: use --attn-impl mla")
-        if p.attn_impl == "naive" and p.kv in ("mla", "dsa"):
-            raise InvalidInputError(f"--kv {p.kv} caches the latent of --attn-impl mla; --attn-impl naive caches K and V "
-                                    "per head (use --kv unified)")
-        return p.attn_impl
 
     # ---- weight loading helpers ----------------------------------------------------------
 

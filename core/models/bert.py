@@ -33,6 +33,7 @@ class BertLayer:
 @register("bert")
 class Bert(Model):
     arch = "bert"
+    ops = ("GET_ROWS", "MUL_MAT", "NORM", "GELU", "FLASH_ATTN_EXT")
 
     def load_hparams(self, gguf: GGUFFile) -> HParams:
         hp = read_hparams(gguf, self.arch)
@@ -47,7 +48,6 @@ class Bert(Model):
         return hp
 
     def load_tensors(self, gguf: GGUFFile) -> None:
-        self.require_cpu()
         hp = self.hparams
         vec = lambda name, n=hp.n_embd: self.weight(gguf, name, (n,))  # noqa: E731
         self.token_embd = self.weight(gguf, "token_embd.weight", (hp.n_vocab, hp.n_embd))

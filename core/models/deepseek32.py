@@ -50,6 +50,7 @@ class IndexerWeights:
 @register("deepseek32")
 class DeepSeek32(DeepSeek2):
     arch = "deepseek32"
+    ops = DeepSeek2.ops + ("NORM",)  # the indexer's key norm
     attn_impls = ("mla",)  # the indexer selects among latent cells
     gating_default = None  # llama.cpp requires expert_gating_func here
 

@@ -34,6 +34,7 @@ class Gemma3Layer:
 @register("gemma3")
 class Gemma3(Model):
     arch = "gemma3"
+    ops = ("GET_ROWS", "MUL_MAT", "RMS_NORM", "ROPE", "GEGLU", "FLASH_ATTN_EXT", "TOP_K")
 
     def load_hparams(self, gguf: GGUFFile) -> HParams:
         hp = read_hparams(gguf, self.arch)

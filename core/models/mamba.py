@@ -72,6 +72,7 @@ class MambaLayer:
 
 class StateSpaceModel(Model):
     """What Mamba and Mamba-2 share: hyper-parameters, the residual stack, the memory layout."""
+    ops = ("GET_ROWS", "MUL_MAT", "RMS_NORM", "RMS_NORM_GROUP", "SSM_CONV", "SSM_SCAN", "SILU", "SWIGLU", "TOP_K")
 
     def load_hparams(self, gguf: GGUFFile) -> SSMHParams:
         return read_ssm_hparams(gguf, self.arch)

@@ -54,6 +54,7 @@ def relative_bucket(key_pos: np.ndarray, query_pos: np.ndarray, n_buckets: int, 
 @register("t5")
 class T5(Model):
     arch = "t5"
+    ops = Model.ops + ("GEGLU", "ATTN_SOFT_MAX")  # self-attention with a position bias runs unfused
 
     def load_hparams(self, gguf: GGUFFile) -> HParams:
         hp = read_hparams(gguf, self.arch, block_prefix="enc.blk.")
@@ -64,7 +65,6 @@ class T5(Model):
         return hp
 
     def load_tensors(self, gguf: GGUFFile) -> None:
-        self.require_cpu()
         hp = self.hparams
         if self.decoder_start_id < 0:
             self.decoder_start_id = self.vocab.bos
