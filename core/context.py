@@ -103,7 +103,8 @@ class Context:
         plan = resolve_plan(model, params)
         kind = CONTEXT_KINDS[plan.context]
         if not issubclass(kind, cls):
-            raise InvalidInputError(f"{model.arch} with these flags makes a {plan.context} context, not a {cls.kind}")
+            raise InvalidInputError(f"{model.arch} with these flags makes a {plan.context} context, not an "
+                                    f"{cls.__name__}")
         self = super().__new__(kind)
         self.params, self.plan = params, plan
         return self
