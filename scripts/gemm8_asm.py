@@ -2,7 +2,7 @@
 
     python scripts/gemm8_asm.py [--type Q4_K] [--listing]
 
-Compiles gemm8.GEMM[type] for one weight and finds the innermost loop that holds the 8-bit dots
+Compiles gemm_int8.GEMM[type] for one weight and finds the innermost loop that holds the 8-bit dots
 (vpdpbusd, or AVX2's vpmaddubsw): prints its instruction counts by mnemonic, and with --listing the
 loop itself. Set LLMSUITE_GEMM8_ISA=avx2|vnni256 to see a narrower path.
 """
@@ -22,7 +22,7 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
-from llmsuite.core.backend import gemm8  # noqa: E402
+from llmsuite.core.backend.cpu import gemm_int8  # noqa: E402
 from llmsuite.core.ops import random_weight  # noqa: E402
 
 DOTS = ("vpdpbusd", "vpmaddubsw")
@@ -40,19 +40,19 @@ def hot_loop(asm: str) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--type", default="Q4_K", choices=[T(t).name for t in gemm8.GEMM])
+    ap.add_argument("--type", default="Q4_K", choices=[T(t).name for t in gemm_int8.GEMM])
     ap.add_argument("--listing", action="store_true")
     args = ap.parse_args()
     qtype = T[args.type]
     raw = np.ascontiguousarray(random_weight(np.random.default_rng(0), qtype.name, 8, 512)).view(np.uint8)
-    kernel = gemm8.GEMM[int(qtype)]
+    kernel = gemm_int8.GEMM[int(qtype)]
     call = (raw.reshape(8, -1), np.ones((8, 512), np.float32), np.empty((8, 8), np.float32), 0, 4)
     kernel(*call)
     asm = kernel.inspect_asm(tuple(numba.typeof(a) for a in call))
     loop = hot_loop(asm)
     counts = Counter(line.split()[0] for line in loop)
-    print(f"{qtype.name} on {gemm8.ISA}, R={gemm8.R} weight rows x C={gemm8.C} activation rows, "
-          f"{gemm8.LANES} lanes: {len(loop)} instructions in the loop")
+    print(f"{qtype.name} on {gemm_int8.ISA}, R={gemm_int8.R} weight rows x C={gemm_int8.C} activation rows, "
+          f"{gemm_int8.LANES} lanes: {len(loop)} instructions in the loop")
     print(", ".join(f"{name} {n}" for name, n in counts.most_common()))
     if args.listing:
         print("\n".join(loop))

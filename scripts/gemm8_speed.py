@@ -3,7 +3,7 @@
     python scripts/gemm8_speed.py [--rows 512] [-r 3] [--shapes Q4_K:2048x8192,Q6_K:8192x2048,...]
 
 For each TYPE:N_INxN_OUT (a random weight of that type), ggml numerics' product of `--rows`
-activation rows both ways: gemm8.GEMM (integer codes, tiles unpacked once) and the float path
+activation rows both ways: gemm_int8.GEMM (integer codes, tiles unpacked once) and the float path
 (activations rounded to q8 blocks, weight tiles dequantized for BLAS; CPUBackend._matmul_ggml_float).
 Prints the fastest of -r runs of each, in ms and GMAC/s, and their largest difference relative to
 the largest output.
@@ -17,8 +17,8 @@ import time
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from llmsuite.core.backend import CPUBackend, gemm8
-from llmsuite.core.backend.cpu import gemm_tasks
+from llmsuite.core.backend import CPUBackend
+from llmsuite.core.backend.cpu import gemm_int8, gemm_tasks
 from llmsuite.core.backend.weights import QuantWeight
 from llmsuite.core.ops import random_weight
 
@@ -43,7 +43,7 @@ def main() -> None:
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     backend = CPUBackend(numerics="ggml")
-    print(f"8-bit GEMM on {gemm8.ISA}, {args.rows} rows\n")
+    print(f"8-bit GEMM on {gemm_int8.ISA}, {args.rows} rows\n")
     print("| type | n_in x n_out | gemm8 ms | GMAC/s | float path ms | GMAC/s | speedup | max rel diff |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for spec in args.shapes.split(","):
@@ -53,7 +53,7 @@ def main() -> None:
         w = QuantWeight.from_raw(raw, T[name], (n_out, n_in))
         x = rng.standard_normal((args.rows, n_in)).astype(np.float32)
         ours, theirs = np.empty((args.rows, n_out), np.float32), np.empty((args.rows, n_out), np.float32)
-        t_gemm = fastest(lambda: gemm8.GEMM[int(T[name])](raw, x, ours, 0, gemm_tasks()), args.reps)  # noqa: B023
+        t_gemm = fastest(lambda: gemm_int8.GEMM[int(T[name])](raw, x, ours, 0, gemm_tasks()), args.reps)  # noqa: B023
         t_float = fastest(lambda: backend._matmul_ggml_float(x, w, theirs), args.reps)  # noqa: B023
         macs = args.rows * n_in * n_out / 1e9
         diff = np.abs(ours - theirs).max() / np.abs(theirs).max()

@@ -3,7 +3,7 @@ reads them: every matrix once, from memory (the model is larger than the caches)
 
     python scripts/kernel_speed.py [-m gemma3-270m] [-t 1,2] [-r 10] [--rows 1]
 
-For each GGUF type of the model's matrices, the script runs qkernels.MATVEC over all the
+For each GGUF type of the model's matrices, the script runs matvec_float.MATVEC over all the
 matrices of that type in model order (a layer's parts one after the other, as the forward pass
 does), `-r` times, and keeps the fastest pass. Prints one markdown row per type and thread count:
 bytes read, milliseconds per pass, GB/s.
@@ -19,7 +19,7 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from llmsuite.core.backend import qkernels
+from llmsuite.core.backend.cpu import matvec_float
 from llmsuite.core.backend.weights import QuantWeight
 from llmsuite.core.hub import resolve_model
 from llmsuite.core.models import load_model
@@ -77,7 +77,7 @@ def main() -> None:
         numba.set_num_threads(threads)
         for qtype, parts in sorted(groups.items()):
             nbytes = sum(raw.nbytes for raw, _ in parts)
-            best = fastest_pass(qkernels.MATVEC[qtype], parts, args.rows, args.reps)
+            best = fastest_pass(matvec_float.MATVEC[qtype], parts, args.rows, args.reps)
             print(f"| {args.model} | {GGMLQuantizationType(qtype).name} | {threads} | {args.rows} | "
                   f"{nbytes / 1e6:.1f} | {best * 1e3:.2f} | {nbytes / best / 1e9:.1f} |", flush=True)
 

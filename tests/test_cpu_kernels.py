@@ -8,7 +8,8 @@ import pytest
 from gguf import GGMLQuantizationType as T, quants
 
 from conftest import TINY_GEMMA3, real_model
-from llmsuite.core.backend import CPUBackend, ikernels, qkernels
+from llmsuite.core.backend import CPUBackend
+from llmsuite.core.backend.cpu import dequant, matvec_float, matvec_int
 from llmsuite.core.backend.weights import QuantWeight
 from llmsuite.core.errors import LLMError
 from llmsuite.core.ops import WEIGHT_TYPES, ggml_type, random_weight
@@ -24,12 +25,12 @@ def test_kernels_read_every_type_exactly(type_name):
     expected = dequantize(raw.reshape(-1), qtype, 40 * 512).reshape(40, 512)
     rows = np.array([3, 0, 39, 3])
     out = np.empty((len(rows), 512), np.float32)
-    qkernels.DEQUANT[int(qtype)](raw, rows, out)
+    dequant.DEQUANT[int(qtype)](raw, rows, out)
     np.testing.assert_array_equal(out.view(np.uint32), expected[rows].view(np.uint32))
     for n in (1, 2, 8):
         x = rng.standard_normal((n, 512)).astype(np.float32)
         got = np.empty((n, 40), np.float32)
-        qkernels.MATVEC[int(qtype)](raw, x, got)
+        matvec_float.MATVEC[int(qtype)](raw, x, got)
         ref = x.astype(np.float64) @ expected.T.astype(np.float64)
         assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
 
@@ -37,7 +38,7 @@ def test_kernels_read_every_type_exactly(type_name):
 def test_every_kernel_type_has_both_kernels():
     from llmsuite.core.backend.cpu import KERNEL_TYPES
 
-    assert set(qkernels.MATVEC) == set(qkernels.DEQUANT) == KERNEL_TYPES == {int(ggml_type(t)) for t in WEIGHT_TYPES}
+    assert set(matvec_float.MATVEC) == set(dequant.DEQUANT) == KERNEL_TYPES == {int(ggml_type(t)) for t in WEIGHT_TYPES}
 
 
 def test_real_model_weights_stay_mapped():
@@ -84,7 +85,7 @@ def test_a_kernel_that_fails_to_compile_is_one_sentence(monkeypatch):
     def broken(*args):
         raise TypingError("Failed in nopython mode pipeline (step: nopython frontend)\nmore detail\n")
 
-    monkeypatch.setitem(qkernels.MATVEC, int(T.Q4_0), broken)
+    monkeypatch.setitem(matvec_float.MATVEC, int(T.Q4_0), broken)
     with pytest.raises(LLMError, match=r"^numba failed to compile the cpu kernels: Failed in nopython mode "
                                        r"pipeline \(step: nopython frontend\)$"):
         CPUBackend().prepare({T.Q4_0})
@@ -104,7 +105,7 @@ def test_without_numba_generate_says_so_in_one_sentence():
 def test_half_widening_equals_numpy_for_every_bit_pattern():
     from numba import njit
 
-    from llmsuite.core.backend.akernels import widen_half
+    from llmsuite.core.backend.cpu.scalar import widen_half
 
     @njit
     def widen_all(bits, out):
@@ -145,7 +146,7 @@ def test_few_row_attention_kernel_matches_the_blas_path(cache_type):
 def test_fast_exp_is_close_to_exp_and_zero_below_the_normal_range():
     from numba import njit
 
-    from llmsuite.core.backend.akernels import fast_exp
+    from llmsuite.core.backend.cpu.scalar import fast_exp
 
     @njit
     def exp_all(x, out):
@@ -163,7 +164,7 @@ def test_fast_exp_is_close_to_exp_and_zero_below_the_normal_range():
     assert got[0] == got[1] == got[2] == 0.0 and np.isfinite(got[3:]).all() and got[3] > 2e38
 
 
-@pytest.mark.parametrize("qtype", sorted(qkernels.MULTI_PART))
+@pytest.mark.parametrize("qtype", sorted(matvec_float.MULTI_PART))
 def test_stacked_parts_take_one_launch_and_equal_each_part(qtype):
     """A tuple of same-type parts (q|k|v) fills each part's columns exactly as one call per part."""
     name = T(qtype).name
@@ -172,11 +173,11 @@ def test_stacked_parts_take_one_launch_and_equal_each_part(qtype):
                   for n in (70, 5, 33))
     x = rng.standard_normal((2, 512)).astype(np.float32)
     stacked = np.full((2, 108), np.nan, np.float32)
-    qkernels.MATVEC[qtype](parts, x, stacked)
+    matvec_float.MATVEC[qtype](parts, x, stacked)
     col = 0
     for raw in parts:
         alone = np.empty((2, len(raw)), np.float32)
-        qkernels.MATVEC[qtype](raw, x, alone)
+        matvec_float.MATVEC[qtype](raw, x, alone)
         np.testing.assert_array_equal(stacked[:, col:col + len(raw)], alone)
         col += len(raw)
 
@@ -203,26 +204,26 @@ def test_vector_kernels_widen_halves_in_integers_without_f16c(monkeypatch):
     negative, zero and infinite values."""
     from numba import njit
 
-    from llmsuite.core.backend import akernels, vkernels
+    from llmsuite.core.backend.cpu import attention
 
     rng = np.random.default_rng(5)
     raw = np.ascontiguousarray(random_weight(rng, "Q4_1", 48, 256)).reshape(48, -1).view(np.uint8)
     x = rng.standard_normal((1, 256)).astype(np.float32)
     with_f16c = np.empty((1, 48), np.float32)
-    qkernels.MATVEC[int(T.Q4_1)](raw, x, with_f16c)
+    matvec_float.MATVEC[int(T.Q4_1)](raw, x, with_f16c)
     rows = rng.standard_normal((6, 32)).astype(np.float16)
     rows[0, :4] = [6e-8, -3e-6, 0.0, -0.0]  # subnormal halves and signed zeros
     rows[5, 7] = np.inf
     q = rng.standard_normal((2, 32)).astype(np.float32)
     cells = np.arange(6, dtype=np.int32)
 
-    monkeypatch.setattr(vkernels, "HAS_F16C", False)  # read when an intrinsic is compiled
-    dot = vkernels.row_dot(20, 32, vkernels._q4_1)
-    scores = akernels._scores_intrinsic(2)
+    monkeypatch.setattr(matvec_float, "HAS_F16C", False)  # read when an intrinsic is compiled
+    dot = matvec_float.row_dot(20, 32, matvec_float._q4_1)
+    scores = attention._scores_intrinsic(2)
 
     @njit
     def matvec(w, x, out):
-        sums = vkernels.group_sums(x)
+        sums = matvec_float.group_sums(x)
         for r in range(w.shape[0]):
             out[0, r] = dot(w[r], x[0], sums[0])
 
@@ -240,10 +241,10 @@ def test_vector_kernels_widen_halves_in_integers_without_f16c(monkeypatch):
     assert np.isinf(s[:, 5]).all()
 
 
-@pytest.mark.skipif(not ikernels.AVAILABLE, reason="the integer dots need AVX2 and F16C")
-@pytest.mark.parametrize("qtype", sorted(ikernels.MATVEC), ids=lambda t: T(t).name)
+@pytest.mark.skipif(not matvec_int.AVAILABLE, reason="the integer dots need AVX2 and F16C")
+@pytest.mark.parametrize("qtype", sorted(matvec_int.MATVEC), ids=lambda t: T(t).name)
 def test_integer_dots_equal_the_rounded_float_product(qtype, monkeypatch):
-    """ggml numerics for a few rows (ikernels: q8 codes, integer dots) equal the float product of
+    """ggml numerics for a few rows (matvec_int: q8 codes, integer dots) equal the float product of
     the rounded activations (the path many rows take), for single and stacked weights."""
     rng = np.random.default_rng(qtype)
     name = T(qtype).name
@@ -256,20 +257,20 @@ def test_integer_dots_equal_the_rounded_float_product(qtype, monkeypatch):
             x[0, :32] *= 50  # one block dominated by an outlier, as real activations have
             fast = ggml.matmul(x, w)
             with monkeypatch.context() as m:
-                m.setattr(ikernels, "AVAILABLE", False)
+                m.setattr(matvec_int, "AVAILABLE", False)
                 rounded = ggml.matmul(x, w)
             np.testing.assert_allclose(fast, rounded, rtol=0, atol=2e-6 * np.abs(rounded).max())
 
 
 def test_integer_dots_cover_the_types_real_models_use():
-    assert set(ikernels.MATVEC) == {int(t) for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)}
+    assert set(matvec_int.MATVEC) == {int(t) for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)}
 
 
-@pytest.mark.skipif(not ikernels.AVAILABLE, reason="the numba rounding runs where the integer dots do")
+@pytest.mark.skipif(not matvec_int.AVAILABLE, reason="the numba rounding runs where the integer dots do")
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_1", "Q8_0", "Q4_K", "Q6_K"])
 def test_prompt_rows_round_in_numba_exactly_as_in_numpy(name, monkeypatch):
     """Many rows on ggml numerics' float path (rows the 8-bit GEMM does not take) round in
-    parallel numba (ikernels.round_q8_rows/_k_rows): the products equal those of
+    parallel numba (q8.round_q8_rows/_k_rows): the products equal those of
     quants.ggml_activations' NumPy rounding bit for bit."""
     rng = np.random.default_rng(3)
     w = QuantWeight.from_raw(np.ascontiguousarray(random_weight(rng, name, 40, 512)).view(np.uint8), T[name], (40, 512))
@@ -277,7 +278,7 @@ def test_prompt_rows_round_in_numba_exactly_as_in_numpy(name, monkeypatch):
     x[3, :32] *= 60
     ggml = CPUBackend(numerics="ggml")
     fast = ggml._matmul_ggml_float(x, w, np.empty((20, 40), np.float32))
-    monkeypatch.setattr(ikernels, "AVAILABLE", False)
+    monkeypatch.setattr(matvec_int, "AVAILABLE", False)
     np.testing.assert_array_equal(fast, ggml._matmul_ggml_float(x, w, np.empty((20, 40), np.float32)))
 
 
@@ -285,9 +286,9 @@ def test_prompt_rows_round_in_numba_exactly_as_in_numpy(name, monkeypatch):
 def test_ggml_numerics_take_gelu_from_the_f16_table(numba_kernel, monkeypatch):
     """ggml-cpu's GELU for float32 rows (GGML_GELU_FP16): the f16 table at x rounded to f16, 0 at
     x <= -10 and x at x >= 10; f32 numerics compute the formula. GEGLU takes it in numba
-    (ikernels.geglu_table_rows) or, without AVX2/F16C, in NumPy."""
+    (rowwise.geglu_table_rows) or, without AVX2/F16C, in NumPy."""
     if not numba_kernel:
-        monkeypatch.setattr(ikernels, "AVAILABLE", False)
+        monkeypatch.setattr(matvec_int, "AVAILABLE", False)
     x = np.array([-12.0, -10.0, -3.3, -0.0, 1e-3, 0.7, 2.71828, 9.99, 10.0, 30.0], dtype=np.float32)
     x16 = x.astype(np.float16).astype(np.float32)
     formula = 0.5 * x16 * (1 + np.tanh(np.float32(0.7978845608028654) * x16 * (1 + np.float32(0.044715) * x16 * x16)))

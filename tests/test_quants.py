@@ -88,7 +88,7 @@ def boundary_blocks(rng, n: int) -> np.ndarray:
     return np.array(found[:n], dtype=np.float32)
 
 
-@pytest.mark.parametrize("n_rows", [3, 12])  # 3: the integer kernels (ikernels); 12: rounding, then BLAS
+@pytest.mark.parametrize("n_rows", [3, 12])  # 3: the integer kernels (matvec_int); 12: rounding, then BLAS
 @pytest.mark.parametrize("qtype", [T.Q4_1, T.Q5_1], ids=lambda t: t.name)
 def test_ggml_numerics_equal_ggml_integer_dot(qtype, n_rows):
     from llmsuite.core.backend import get_backend

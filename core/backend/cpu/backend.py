@@ -13,11 +13,11 @@ from functools import lru_cache
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from ..errors import LLMError
-from ..quants import (Q8_1_OFFSET_TYPES, QUANT_32_TYPES, QUANT_K_TYPES, dequantize, ggml_activations, q8_1_offset_error,
+from ...errors import LLMError
+from ...quants import (Q8_1_OFFSET_TYPES, QUANT_32_TYPES, QUANT_K_TYPES, dequantize, ggml_activations, q8_1_offset_error,
                       quantize_rows)
-from .algebra import ArrayAlgebra
-from .weights import BlockRows, QuantWeight
+from ..base import OPS, Backend
+from ..weights import BlockRows, QuantWeight
 
 # Query rows per attention block: bounds the score matrix and lets causal blocks skip future keys.
 ATTN_BLOCK = 128
@@ -26,7 +26,7 @@ ATTN_BLOCK = 128
 KV_BLOCK = 1024
 # A run of at least this many keys no row of a tile sees is skipped, not multiplied through.
 SKIP_GAP = 128
-# Query rows up to which attention over an f32/f16 cache runs akernels.attend_rows (which reads
+# Query rows up to which attention over an f32/f16 cache runs attention.attend_rows (which reads
 # the cache in place) instead of BLAS over converted blocks; measured faster up to here.
 FEW_ATTN_ROWS = 2
 # Query rows per tile on the sparse path: the tile attends the union of its rows' kept keys, and
@@ -41,10 +41,10 @@ SPARSE_MIN_KV = 4096
 FUSED_MAX_ROWS = 8
 # Weight rows per dequantized tile: about 2.5 MB of float32 at the models' widths (L2-sized).
 TILE_ROWS = 1024
-# GGUF types the kernels read directly (qkernels.MATVEC's keys); matrices of other types become float32.
+# GGUF types the kernels read directly (matvec_float.MATVEC's keys); matrices of other types become float32.
 KERNEL_TYPES = frozenset(int(GGMLQuantizationType[name]) for name in (
     "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"))
-# gated activations with a fused kernel in akernels
+# gated activations with a fused kernel in rowwise.py
 GATED_KERNELS = {"swiglu": "swiglu_rows", "geglu": "geglu_rows"}
 # Rows up to which the row kernels (activations, RoPE) run serially: waking numba's threads costs
 # more than a few rows' work.
@@ -52,6 +52,9 @@ SERIAL_ROWS = 4
 # Cache cells up to which attend_rows runs serially (one chunk; measured: 40 cells 6 µs serial
 # against 13 µs parallel, even at 200).
 SERIAL_ATTN_CELLS = 128
+# Query rows up to which the block top-k mask runs on one thread (a decoded token: waking the
+# thread pool costs more than the row).
+SERIAL_MASK_ROWS = 2
 SQRT_2_OVER_PI = 0.7978845608028654
 GELU_COEF_A = 0.044715
 
@@ -75,22 +78,34 @@ def _alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
     return np.where(h < n_head_log2, m0 ** (h + 1), m1 ** (2 * (h - n_head_log2) + 1)).astype(np.float32)
 
 
-class CPUBackend(ArrayAlgebra):
+# ops that read f32/f16 cache rows in place (BLOCK_BOUNDS) or that no type limits
+IN_PLACE_ROW_TYPES = ("f32", "f16")
+
+
+class CPUBackend(Backend):
     name = "cpu"
     xp = np
     reads_value_views = False  # attention reads f16/f32 cache rows in place only when they are whole rows
 
     def __init__(self, attn_path: str = "auto", numerics: str | None = None):
         self.attn_path = attn_path  # "auto", "dense" or "sparse" (forced where the hint allows it)
-        from . import default_numerics
+        from .. import default_numerics
 
         self.numerics = numerics or default_numerics("cpu")  # "ggml": matmul activations rounded as ggml-cpu does
         self._buffers: dict[str, np.ndarray] = {}
         self.notes: list[str] = []  # fallbacks taken while loading, for -v
 
-    def with_numerics(self, numerics: str) -> "CPUBackend":
-        """This backend with other matmul numerics (test-ops' MUL_MAT_GGML)."""
-        return self if numerics == self.numerics else CPUBackend(self.attn_path, numerics)
+    def configured(self, attn_path: str | None = None, numerics: str | None = None) -> "CPUBackend":
+        other = super().configured(attn_path, numerics)
+        if other is not self:
+            other._buffers = {}  # scratch buffers are per backend object (a context's own)
+        return other
+
+    def supports(self, op: str, types: tuple[str, ...] = ()) -> bool:
+        """Every op, on every type the GGUF reader knows; the fused block bounds read f32/f16 rows."""
+        if op == "BLOCK_BOUNDS":
+            return all(t in IN_PLACE_ROW_TYPES for t in types)
+        return op in OPS
 
     def _buffer(self, slot: str, shape: tuple[int, ...]) -> np.ndarray:
         """Scratch memory reused across calls (fresh memory costs a page fault per 4 KiB)."""
@@ -117,7 +132,7 @@ class CPUBackend(ArrayAlgebra):
             return out.reshape(len(cells), n_head, head_dim)
         idx = np.arange(cells.start, cells.stop) if isinstance(cells, slice) else cells
         out = self._buffer(slot, (len(idx), n_head * head_dim))
-        qkernels().DEQUANT[qtype](raw, idx, out)
+        dequant().DEQUANT[qtype](raw, idx, out)
         return out.reshape(len(idx), n_head, head_dim)
 
     @staticmethod
@@ -129,8 +144,8 @@ class CPUBackend(ArrayAlgebra):
         text = f"NumPy {np.__version__} ({blas.get('name', 'BLAS')} {blas.get('version', '')})".strip()
         if self.numerics != "ggml":
             return text
-        dots = "AVX2 integer dots" if ikernels().AVAILABLE else "no integer dots (float kernels)"
-        isa = gemm8().ISA
+        dots = "AVX2 integer dots" if matvec_int().AVAILABLE else "no integer dots (float kernels)"
+        isa = gemm_int8().ISA
         return f"{text}; ggml numerics: {dots}, " + (f"8-bit GEMM on {isa}" if isa else "no 8-bit GEMM (BLAS over rounded rows)")
 
     @staticmethod
@@ -159,18 +174,18 @@ class CPUBackend(ArrayAlgebra):
         """For -v, once per type: a quantized type ggml numerics cannot take in integers."""
         name = GGMLQuantizationType(qtype).name
         note = f"{name} matrices have no integer kernel: ggml numerics multiply them in floats over rounded activations"
-        if (rounding_family(qtype) in ("q8_32", "q8_k") and not (ikernels().AVAILABLE and qtype in ikernels().MATVEC)
+        if (rounding_family(qtype) in ("q8_32", "q8_k") and not (matvec_int().AVAILABLE and qtype in matvec_int().MATVEC)
                 and note not in self.notes):
             self.notes.append(note)
 
-    def prepare(self, weight_types, state_space: bool = False, cache_types=("f16",), numerics: str | None = None) -> None:
+    def prepare(self, weight_types, state_space: bool = False, cache_types=("f16",)) -> None:
         """Compile (the first time on a machine) or load from numba's cache the kernels a model
         with these weight types (and, for a recurrent model, the state-space ops) needs: each one
         runs once on a one-block weight. Decode attention is warmed for the cache types given
         (f16 and f32 caches are read in place, each by its own compiled variant; other types
-        take the block kernels), and the integer dots for ggml numerics (None: this backend's)."""
-        numerics = numerics or self.numerics
-        kernels = qkernels()
+        take the block kernels), and the integer dots under ggml numerics."""
+        numerics = self.numerics
+        kernels = matvec_float()
         x = np.ones((1, 256), dtype=np.float32)
         try:
             for qtype in {int(t) for t in weight_types} & KERNEL_TYPES:
@@ -181,23 +196,23 @@ class CPUBackend(ArrayAlgebra):
                 if qtype in kernels.MULTI_PART:  # stacked weights: q|k|v (3 parts), gate|up (2)
                     for n_parts in (2, 3):
                         kernels.MATVEC[qtype]((w,) * n_parts, x, np.empty((1, n_parts), np.float32))
-                kernels.DEQUANT[qtype](w, np.zeros(1, np.int64), np.empty((1, 256), np.float32))
+                dequant().DEQUANT[qtype](w, np.zeros(1, np.int64), np.empty((1, 256), np.float32))
                 if numerics == "ggml":
                     self._note_float_path(qtype)
                 if numerics == "ggml" and self._integer_dots(QuantWeight.from_raw(w, qtype, (1, 256))):
                     for parts in (w, (w, w), (w, w, w)):
-                        ikernels().MATVEC[qtype](parts, x, np.empty((1, 3), np.float32))
-                if numerics == "ggml" and qtype in gemm8().GEMM:
+                        matvec_int().MATVEC[qtype](parts, x, np.empty((1, 3), np.float32))
+                if numerics == "ggml" and qtype in gemm_int8().GEMM:
                     for parts in (w, (w, w), (w, w, w)):
-                        gemm8().GEMM[qtype](parts, x, np.empty((1, 3), np.float32), 0, 1)
-            if numerics == "ggml" and ikernels().AVAILABLE:
-                ikernels().geglu_table_rows(np.zeros((1, 2), np.float32), _gelu_f16_table(), np.empty((1, 1), np.float32))
-            kernels.DEQUANT[int(GGMLQuantizationType.F16)](np.zeros((1, 64), np.uint8), np.zeros(1, np.int64),
-                                                          np.empty((1, 32), np.float32))  # f16 cache rows
+                        gemm_int8().GEMM[qtype](parts, x, np.empty((1, 3), np.float32), 0, 1)
+            if numerics == "ggml" and matvec_int().AVAILABLE:
+                rowwise().geglu_table_rows(np.zeros((1, 2), np.float32), _gelu_f16_table(), np.empty((1, 1), np.float32))
+            dequant().DEQUANT[int(GGMLQuantizationType.F16)](np.zeros((1, 64), np.uint8), np.zeros(1, np.int64),
+                                                            np.empty((1, 32), np.float32))  # f16 cache rows
             for rows in (1, SERIAL_ROWS + 1):  # the serial and the parallel variant of each row kernel
                 for kernel in GATED_KERNELS.values():
-                    getattr(akernels(), kernel + serial_suffix(rows))(np.zeros((rows, 2), np.float32),
-                                                                      np.empty((rows, 1), np.float32))
+                    getattr(rowwise(), kernel + serial_suffix(rows))(np.zeros((rows, 2), np.float32),
+                                                                     np.empty((rows, 1), np.float32))
                 q = np.zeros((rows, 1, 4), np.float32)
                 for neox in (False, True):
                     self.rope(q, (np.ones((rows, 1), np.float32), np.zeros((rows, 1), np.float32)), neox)
@@ -206,8 +221,8 @@ class CPUBackend(ArrayAlgebra):
             q = np.zeros((1, 1, 4), np.float32)
             in_place = [dtype for name, dtype in (("f16", np.float16), ("f32", np.float32)) if name in cache_types]
             one = np.zeros(1, np.float32)
-            akernels().softmax_block(np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32), np.float32(1),
-                                     np.float32(0), alibi_slopes(1, 0.0), one, one.copy(), one.copy())  # prompt tiles
+            attention().softmax_block(np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32), np.float32(1),
+                                      np.float32(0), alibi_slopes(1, 0.0), one, one.copy(), one.copy())  # prompt tiles
             for cells in (1, SERIAL_ATTN_CELLS + 1):
                 for cache in (np.zeros((cells, 1, 4), dtype) for dtype in in_place):
                     self._attend_rows(q, cache, cache, np.zeros((1, cells), np.float32), 1.0, 0.0, None,
@@ -247,13 +262,13 @@ class CPUBackend(ArrayAlgebra):
         return self._matmul_quant(x, w, out)
 
     def _matmul_ggml(self, x: np.ndarray, w: QuantWeight, out: np.ndarray) -> np.ndarray:
-        """ggml numerics: a few rows take ggml's integer dots (ikernels), more rows the 8-bit GEMM
-        (gemm8) run by run of same-type parts; what neither covers takes the float path."""
+        """ggml numerics: a few rows take ggml's integer dots (matvec_int), more rows the 8-bit GEMM
+        (gemm_int8) run by run of same-type parts; what neither covers takes the float path."""
         if len(x) <= FUSED_MAX_ROWS:
             if self._integer_dots(w):
                 return self._matmul_q8(x, w, out)
             return self._matmul_ggml_float(x, w, out)
-        gemm = gemm8()
+        gemm = gemm_int8()
         for qtype, raws, first, end in w.runs():
             if gemm.fits(qtype, w.n_in):
                 gemm.GEMM[qtype](raws[0] if len(raws) == 1 else raws, x, out, first, gemm_tasks())
@@ -279,7 +294,7 @@ class CPUBackend(ArrayAlgebra):
         if not any(part.qtype in Q8_1_OFFSET_TYPES for part in w.parts):
             return self._matmul_quant(x_type, w, out)
         if len(x) > FUSED_MAX_ROWS:  # the sum term added tile by tile, while the tile's outputs are in cache
-            self._tiled_matmul(qkernels(), w, x_type, out, offset_error)
+            self._tiled_matmul(dequant(), w, x_type, out, offset_error)
             return out
         self._matmul_quant(x_type, w, out)
         out += offset_error @ w.block_mins  # (stored transposed: n_in // 32, n_out)
@@ -289,16 +304,15 @@ class CPUBackend(ArrayAlgebra):
     def _ggml_rounded(x: np.ndarray, qtype: int, done: dict) -> tuple[np.ndarray, np.ndarray | None]:
         """x rounded as ggml-cpu rounds it for a `qtype` weight, and for q8_1 the offset error of
         q8_1_offset_error; `done` keeps what a stacked weight's earlier parts rounded. Rounded by
-        numba on one thread (ikernels) where the integer dots run, by NumPy elsewhere."""
+        numba on one thread (q8.py) where the integer dots run, by NumPy elsewhere."""
         family = rounding_family(qtype)
         if family not in done:
-            kernels = ikernels()
-            if kernels.AVAILABLE and family == "q8_32":
+            if matvec_int().AVAILABLE and family == "q8_32":
                 rounded, error = np.empty_like(x), np.empty((len(x), x.shape[1] // 32), np.float32)
-                kernels.round_q8_rows(x, rounded, error)
-            elif kernels.AVAILABLE and family == "q8_k":
+                q8().round_q8_rows(x, rounded, error)
+            elif matvec_int().AVAILABLE and family == "q8_k":
                 rounded, error = np.empty_like(x), None
-                kernels.round_q8_k_rows(x, rounded)
+                q8().round_q8_k_rows(x, rounded)
             else:
                 rounded = ggml_activations(x, qtype)
                 error = q8_1_offset_error(x) if family == "q8_32" else None
@@ -307,23 +321,23 @@ class CPUBackend(ArrayAlgebra):
 
     @staticmethod
     def _integer_dots(w: QuantWeight) -> bool:
-        """Whether ikernels (ggml's integer dots) cover every part of w on this CPU."""
-        kernels = ikernels()
+        """Whether matvec_int (ggml's integer dots) cover every part of w on this CPU."""
+        kernels = matvec_int()
         return kernels.AVAILABLE and all(run[0] in kernels.MATVEC for run in w.runs())
 
     @staticmethod
     def _matmul_q8(x: np.ndarray, w: QuantWeight, out: np.ndarray) -> np.ndarray:
         """ggml numerics for a few rows: each run of same-type parts rounds the activations to
         q8 blocks and takes ggml's integer dots, in one launch."""
-        kernels = ikernels()
+        kernels = matvec_int()
         for qtype, raws, first, end in w.runs():
             kernels.MATVEC[qtype](raws[0] if len(raws) == 1 else raws, x, out[:, first:end])
         return out
 
     def _matmul_quant(self, x: np.ndarray, w: QuantWeight, out: np.ndarray) -> np.ndarray:
-        kernels = qkernels()
+        kernels = matvec_float()
         if len(x) > FUSED_MAX_ROWS:
-            self._tiled_matmul(kernels, w, x, out)
+            self._tiled_matmul(dequant(), w, x, out)
             return out
         for qtype, raws, first, end in w.runs():
             kernel = kernels.MATVEC[qtype]
@@ -372,7 +386,7 @@ class CPUBackend(ArrayAlgebra):
             return table[ids]
         (part,) = table.parts
         out = np.empty((len(ids), table.n_in), dtype=np.float32)
-        qkernels().DEQUANT[part.qtype](part.raw, np.asarray(ids, dtype=np.int64), out)
+        dequant().DEQUANT[part.qtype](part.raw, np.asarray(ids, dtype=np.int64), out)
         return out
 
     def get_rows_raw(self, raw: np.ndarray, w_type, shape: tuple[int, int], ids: np.ndarray) -> np.ndarray:
@@ -399,7 +413,7 @@ class CPUBackend(ArrayAlgebra):
             raise ValueError(f"rms_norm weight of shape {weight.shape} does not fit x of shape {x.shape}")
         x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, d)
         out = np.empty(x2.shape, dtype=np.float32)
-        akernels().rms_norm_rows(x2, rows, np.float32(eps), out)
+        rowwise().rms_norm_rows(x2, rows, np.float32(eps), out)
         return out.reshape(x.shape)
 
     @staticmethod
@@ -430,20 +444,20 @@ class CPUBackend(ArrayAlgebra):
 
     def gated_ffn(self, h: np.ndarray, act: str) -> np.ndarray:
         """act(gate) * up over a fused gate|up activation (n_tokens, 2 * n_ff): one parallel numba
-        pass (akernels.swiglu_rows/geglu_rows), 7-17x faster than NumPy's chain of temporaries at
+        pass (rowwise.swiglu_rows/geglu_rows), 7-17x faster than NumPy's chain of temporaries at
         prompt sizes. Other activations, dtypes or layouts take the NumPy path."""
         n_ff = h.shape[-1] // 2
         kernel = GATED_KERNELS.get(act)
-        if act == "geglu" and self.numerics == "ggml" and ikernels().AVAILABLE and h.dtype == np.float32 \
+        if act == "geglu" and self.numerics == "ggml" and matvec_int().AVAILABLE and h.dtype == np.float32 \
                 and h.flags.c_contiguous:  # GELU from ggml-cpu's f16 table, in numba
             out = np.empty((len(h), n_ff), dtype=np.float32)
-            ikernels().geglu_table_rows(h, _gelu_f16_table(), out)
+            rowwise().geglu_table_rows(h, _gelu_f16_table(), out)
             return out
         if kernel is None or h.dtype != np.float32 or not h.flags.c_contiguous or \
                 (act == "geglu" and self.numerics == "ggml"):
             return getattr(self, act)(h[:, :n_ff], h[:, n_ff:])
         out = np.empty((len(h), n_ff), dtype=np.float32)
-        getattr(akernels(), kernel + serial_suffix(len(h)))(h, out)
+        getattr(rowwise(), kernel + serial_suffix(len(h)))(h, out)
         return out
 
     # ---- rotary embeddings ---------------------------------------------------------------
@@ -466,7 +480,7 @@ class CPUBackend(ArrayAlgebra):
         """
         cos, sin = table
         out = np.empty(x.shape, dtype=np.float32)
-        kernel = getattr(akernels(), "rope_rows" + serial_suffix(len(x)))
+        kernel = getattr(rowwise(), "rope_rows" + serial_suffix(len(x)))
         kernel(np.ascontiguousarray(x, dtype=np.float32), np.ascontiguousarray(cos, dtype=np.float32),
                np.ascontiguousarray(sin, dtype=np.float32), bool(neox), out)
         return out
@@ -498,6 +512,24 @@ class CPUBackend(ArrayAlgebra):
         if sinks is not None:
             total = total + np.exp(sinks[:, None, None] - m)
         return e / np.where(total > 0, total, 1.0)
+
+    @staticmethod
+    def cache_rows_f32(x) -> np.ndarray:
+        return as_float(x)
+
+    @staticmethod
+    def block_topk_mask(q, base, pos, cell_pos, lo, hi, topk: int, block: int, local: int) -> np.ndarray:
+        """One compiled pass per row (attention.block_topk_mask; serial for a decoded token's rows)."""
+        rows, n_kv = base.shape
+        out = np.empty((rows, n_kv), dtype=np.float32)
+        kernel = attention().block_topk_mask if rows > SERIAL_MASK_ROWS else attention().block_topk_mask_serial
+        kernel(np.ascontiguousarray(q, dtype=np.float32), np.ascontiguousarray(base, dtype=np.float32),
+               np.asarray(pos), np.asarray(cell_pos), lo, hi, topk, block, local, out)
+        return out
+
+    @staticmethod
+    def block_bounds(keys, cell_pos, seen_pos, stale, block: int, n_blocks: int, lo, hi) -> None:
+        attention().refresh_block_bounds(cache_bits(keys), cell_pos, seen_pos, stale, block, n_blocks, lo, hi)
 
     @staticmethod
     def attn_soft_max(q, k, v, mask, scale: float) -> np.ndarray:
@@ -540,7 +572,7 @@ class CPUBackend(ArrayAlgebra):
     @staticmethod
     def _attend_rows(q, k, v, mask, scale, softcap, sinks, slopes) -> np.ndarray:
         """A few query rows: one numba kernel reads the f32/f16 cache in place."""
-        kernels = akernels()
+        kernels = attention()
         kernel = kernels.attend_rows_serial if mask.shape[1] <= SERIAL_ATTN_CELLS else kernels.attend_rows
         out = np.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=np.float32)
         use_sinks = sinks is not None
@@ -590,9 +622,9 @@ class CPUBackend(ArrayAlgebra):
                 values = self._rows_f32(v, sel, "attn_v").transpose(1, 0, 2)  # (h_kv, cells, d_v)
                 n_sel = keys.shape[-1]
                 s = np.matmul(qg, keys, out=self._buffer("attn_s", (n_head_kv, g * rows, n_sel)))
-                akernels().softmax_block(s.reshape(-1, n_sel), np.ascontiguousarray(mask[t0:t1, sel]),
-                                         np.float32(scale), np.float32(softcap), slopes, m.reshape(-1),
-                                         l.reshape(-1), alpha.reshape(-1))
+                attention().softmax_block(s.reshape(-1, n_sel), np.ascontiguousarray(mask[t0:t1, sel]),
+                                          np.float32(scale), np.float32(softcap), slopes, m.reshape(-1),
+                                          l.reshape(-1), alpha.reshape(-1))
                 if b == 0:
                     np.matmul(s, values, out=acc)
                 else:
@@ -615,8 +647,8 @@ class CPUBackend(ArrayAlgebra):
         x = np.ascontiguousarray(x, dtype=np.float32)
         state = np.array(state, dtype=np.float32, order="C")  # updated in place: a copy
         out = np.empty_like(x)
-        skernels().ssm_conv_rows(x, state, np.ascontiguousarray(w, dtype=np.float32),
-                                 np.ascontiguousarray(seq_index, dtype=np.int64), out)
+        ssm().ssm_conv_rows(x, state, np.ascontiguousarray(w, dtype=np.float32),
+                            np.ascontiguousarray(seq_index, dtype=np.int64), out)
         return out, state
 
     @staticmethod
@@ -624,11 +656,11 @@ class CPUBackend(ArrayAlgebra):
                  C: np.ndarray, seq_index: np.ndarray):
         """The selective scan (Mamba-1 with A (H, N), Mamba-2 with A (H, 1)): state (S, H, P, N),
         x (T, H, P), dt (T, H) before softplus, B and C (T, G, N). Returns (y (T, H, P), the new
-        states); see skernels.ssm_scan_rows."""
+        states); see ssm.ssm_scan_rows."""
         state = np.array(state, dtype=np.float32, order="C")
         f32 = [np.ascontiguousarray(a, dtype=np.float32) for a in (x, dt, A, B, C)]
         y = np.empty(f32[0].shape, dtype=np.float32)
-        skernels().ssm_scan_rows(state, *f32, np.ascontiguousarray(seq_index, dtype=np.int64), y)
+        ssm().ssm_scan_rows(state, *f32, np.ascontiguousarray(seq_index, dtype=np.int64), y)
         return y, state
 
     # ---- sampling -------------------------------------------------------------------------
@@ -675,12 +707,20 @@ def _kernel_module(name: str, what: str):
         raise LLMError(f"the cpu backend needs numba for its {what} kernels ({e}); pip install numba") from None
 
 
-def qkernels():
-    return _kernel_module("qkernels", "quantized")
+def matvec_float():
+    return _kernel_module("matvec_float", "quantized")
 
 
-def akernels():
-    return _kernel_module("akernels", "attention")
+def dequant():
+    return _kernel_module("dequant", "quantized")
+
+
+def attention():
+    return _kernel_module("attention", "attention")
+
+
+def rowwise():
+    return _kernel_module("rowwise", "row")
 
 
 @lru_cache(maxsize=1)
@@ -709,16 +749,20 @@ def rounding_family(qtype: int):
     return "q8_32" if qtype in QUANT_32_TYPES else "q8_k" if qtype in QUANT_K_TYPES else qtype
 
 
-def ikernels():
-    return _kernel_module("ikernels", "integer (--numerics ggml)")
+def matvec_int():
+    return _kernel_module("matvec_int", "integer (--numerics ggml)")
 
 
-def gemm8():
-    return _kernel_module("gemm8", "8-bit GEMM (--numerics ggml)")
+def q8():
+    return _kernel_module("q8", "q8 rounding (--numerics ggml)")
 
 
-def skernels():
-    return _kernel_module("skernels", "state-space")
+def gemm_int8():
+    return _kernel_module("gemm_int8", "8-bit GEMM (--numerics ggml)")
+
+
+def ssm():
+    return _kernel_module("ssm", "state-space")
 
 
 @lru_cache(maxsize=1)

@@ -9,13 +9,13 @@ Q4_1/Q5_1's block offsets m·s8 summed apart; for these 32-value types that is t
 ggml_vec_dot_<type>_q8_<0|1>. K-quant super-blocks sum their sub-blocks' integer dots times the
 6- or 8-bit sub-block scales in integers, then take one fma with d·d8 (llama.cpp repacks Q4_K on
 AVX2 and sums in another order there: the values agree to float rounding). A block costs about a
-quarter of the vector operations of the float kernels in vkernels.py.
+quarter of the vector operations of the float kernels in matvec_float.py.
 
-`MATVEC[type](w, x, out)` has vkernels.MATVEC's contract: it rounds the activations x to q8
-blocks (quantize_row_q8_1, or quantize_row_q8_K for the K-quants: 256 values, an f32 scale and
+`MATVEC[type](w, x, out)` has matvec_float.MATVEC's contract: it rounds the activations x to q8
+blocks (q8.py: quantize_row_q8_1, or quantize_row_q8_K for the K-quants: 256 values, an f32 scale and
 sums of 16) and takes the integer dots. Needs AVX2 and F16C (`AVAILABLE`); elsewhere ggml
 numerics take the float kernels over rounded activations, which give the same values up to float
-summation order. The IR helpers come from vkernels.py; numba's disk cache only notices edits to
+summation order. The IR helpers come from matvec_float.py; numba's disk cache only notices edits to
 this file, so clear __pycache__ after editing those.
 """
 
@@ -28,7 +28,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .vkernels import F32, I8, I16, I32, I64, ROWS_PER_TASK, _contiguous, _tasks, as_parts, widen_halves
+from .matvec_float import F32, I8, I16, I32, I64, ROWS_PER_TASK, _contiguous, _tasks, as_parts, widen_halves
+from .q8 import quantize_q8, quantize_q8_k
 
 _FEATURES = llvm.get_host_cpu_features()
 AVAILABLE = bool(_FEATURES.get("avx2", False) and _FEATURES.get("f16c", False))
@@ -302,127 +303,9 @@ dot_q5_k = row_dot_q8_k(176, _q5_k)
 dot_q6_k = row_dot_q8_k(210, _q6_k)
 
 
-@intrinsic
-def round_to_half(typingctx, x):
-    """A float32 rounded to the nearest IEEE half (to even), back as float32 (F16C)."""
-    if x != types.float32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), F32)
-
-    return types.float32(x), codegen
-
-
-@intrinsic
-def half_bits(typingctx, x):
-    """A float32 rounded to the nearest IEEE half (to even), as its 16 bits (F16C)."""
-    if x != types.float32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.zext(builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), I16), I32)
-
-    return types.int32(x), codegen
-
-
-@njit(cache=True)
-def geglu_table_rows(h, table, out):
-    """ggml-cpu's GEGLU for float32 rows (GGML_GELU_FP16) over a fused gate|up h (n, 2·n_ff):
-    out = table[f16 bits of gate] · up, 0 where gate <= −10 and gate · up where gate >= 10."""
-    n_ff = out.shape[1]
-    for i in range(h.shape[0]):
-        for j in range(n_ff):
-            x, up = h[i, j], h[i, n_ff + j]
-            if x <= -10:
-                out[i, j] = 0
-            elif x >= 10:
-                out[i, j] = x * up
-            else:
-                out[i, j] = table[half_bits(x)] * up
-
-
-@njit(inline="always")
-def quantize_q8(x, q, d, s):
-    """ggml's quantize_row_q8_1 (x86) for each row of x (n, n_in): per 32 values the codes
-    round-to-even(x · 127/amax) into q, the scale amax/127 as an f16 into d and the f16 of
-    amax/127 · Σcodes into s (as floats). No fast-math: the rounding must be IEEE's."""
-    n, n_in = x.shape
-    for i in range(n):
-        for b in range(n_in // 32):
-            amax = np.float32(0)
-            for j in range(b * 32, b * 32 + 32):
-                amax = max(amax, abs(x[i, j]))
-            scale = amax / np.float32(127)
-            inv = np.float32(127) / amax if amax != 0 else np.float32(0)
-            total = 0
-            for j in range(b * 32, b * 32 + 32):
-                code = np.int32(np.rint(x[i, j] * inv))
-                q[i, j] = code
-                total += code
-            d[i, b] = round_to_half(scale)
-            s[i, b] = round_to_half(scale * np.float32(total))
-
-
-@njit(inline="always")
-def quantize_q8_k(x, q, d, bsums):
-    """ggml's quantize_row_q8_K: per 256 values, the value of largest magnitude (the first such)
-    sets iscale = −127/max, codes min(127, round-to-even(iscale·x)), the f32 scale 1/iscale, and
-    the sums of each 16 codes."""
-    n, n_in = x.shape
-    for i in range(n):
-        for b in range(n_in // 256):
-            amax, signed = np.float32(0), np.float32(0)
-            for j in range(b * 256, b * 256 + 256):
-                if abs(x[i, j]) > amax:
-                    amax, signed = abs(x[i, j]), x[i, j]
-            iscale = np.float32(-127) / signed if amax != 0 else np.float32(0)
-            d[i, b] = np.float32(1) / iscale if amax != 0 else np.float32(0)
-            for g in range(16):
-                total = 0
-                for j in range(b * 256 + g * 16, b * 256 + g * 16 + 16):
-                    code = min(np.int32(127), np.int32(np.rint(iscale * x[i, j])))
-                    q[i, j] = code
-                    total += code
-                bsums[i, b * 16 + g] = total
-
-
-@njit(cache=True)
-def round_q8_rows(x, out, offset_error):
-    """Many rows (a prompt): x rounded to q8_0/q8_1 blocks as floats (code · f16 scale) into out,
-    and per block f16(d·Σq) − f16(d)·Σq into offset_error (what Q4_1/Q5_1's m·s8 adds beyond the
-    rounded values). The products then go to BLAS: one thread, as the weight tiles (numba's
-    spinning workers would slow BLAS's)."""
-    n, n_in = x.shape
-    for i in range(n):
-        q = np.empty((1, n_in), dtype=np.int8)
-        d = np.empty((1, n_in // 32), dtype=np.float32)
-        s = np.empty((1, n_in // 32), dtype=np.float32)
-        quantize_q8(x[i:i + 1], q, d, s)
-        for b in range(n_in // 32):
-            total = 0
-            for j in range(b * 32, b * 32 + 32):
-                out[i, j] = np.float32(q[0, j]) * d[0, b]
-                total += q[0, j]
-            offset_error[i, b] = s[0, b] - d[0, b] * np.float32(total)
-
-
-@njit(cache=True)
-def round_q8_k_rows(x, out):
-    """Many rows: x rounded to q8_K blocks as floats (code · scale) into out (one thread)."""
-    n, n_in = x.shape
-    for i in range(n):
-        q = np.empty((1, n_in), dtype=np.int8)
-        d = np.empty((1, n_in // 256), dtype=np.float32)
-        bsums = np.empty((1, n_in // 16), dtype=np.int32)
-        quantize_q8_k(x[i:i + 1], q, d, bsums)
-        for j in range(n_in):
-            out[i, j] = np.float32(q[0, j]) * d[0, j // 256]
-
-
 @njit(inline="always")
 def _matvec(w, x, out, dot):
-    """vkernels._matvec with the activations rounded to q8 blocks first (on one thread: a few
+    """matvec_float._matvec with the activations rounded to q8 blocks first (on one thread: a few
     microseconds): stacked parts share one parallel loop."""
     n, n_in = x.shape
     q = np.empty((n, n_in), dtype=np.int8)
@@ -445,7 +328,7 @@ def _matvec_k(w, x, out, dot):
 
 @njit(inline="always")
 def _rows(w, q, d, extra, out, dot):
-    """vkernels._matvec's loop over the weight's rows, with the 4-argument dot of q8 codes (numba
+    """matvec_float._matvec's loop over the weight's rows, with the 4-argument dot of q8 codes (numba
     takes no function of either arity in place of the other, hence the copy)."""
     parts = as_parts(w)
     n_tasks = 0
@@ -465,7 +348,7 @@ def _rows(w, q, d, extra, out, dot):
                 out[i, col + r] = dot(part[r], q[i], d[i], extra[i])
 
 
-# numba caches top-level functions only: one per type (as in vkernels.py)
+# numba caches top-level functions only: one per type (as in matvec_float.py)
 
 @njit(parallel=True, cache=True)
 def matvec_q4_0(w, x, out):

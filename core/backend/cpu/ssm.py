@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .akernels import FAST, fast_exp
+from .scalar import FAST, fast_exp
 
 
 @njit(fastmath=FAST, cache=True, parallel=True)

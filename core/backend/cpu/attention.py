@@ -1,7 +1,5 @@
-"""Flash attention for a few query rows, the gated FFN activations and RoPE, compiled with numba.
-
-numba's own exp is a scalar libm call (no SVML here), six times slower than NumPy's; `fast_exp`
-is a polynomial LLVM vectorizes (relative error ≤ 3e-7 over float32's normal range).
+"""Attention kernels compiled with numba: flash attention for a few query rows, the online-softmax
+step of a prompt tile, and the block top-k mask and block bounds of sparse attention.
 
 The cache is read where it lies: f32 rows as they are, f16 rows widened in registers (a shift
 and one multiply, branch-free where the values are finite, so LLVM vectorizes it). The cells
@@ -20,161 +18,17 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic
 
-from .vkernels import I32, I64, LANES, VF32, fma, reduce_add, splat, widen_halves
+from .matvec_float import I32, I64, LANES, VF32, fma, reduce_add, splat, widen_halves
+from .scalar import FAST, as_f32, fast_exp
 
-F16_RESCALE = np.float32(2.0 ** 112)  # half exponent bias 15 → float bias 127
-# fastmath without "nnan"/"ninf": masked cells are -inf and the kernels test for it
-FAST = {"nsz", "arcp", "contract", "afn", "reassoc"}
 # Cells per chunk of attend_rows: a whole number of chunks per task (two tasks per thread) where
 # the rows keep enough cells.
 ATTN_CHUNK_MIN, ATTN_CHUNK_MAX = 64, 512
 
 
-@intrinsic
-def _f32_from_bits(typingctx, bits):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.float32))
-    return types.float32(types.uint32), codegen
-
-
-@njit(inline="always")
-def widen_half(h):
-    """IEEE half bits → float32: the exponent and mantissa shifted into place and rescaled by
-    2^112 (right for subnormals too); an all-ones exponent (inf, nan) is rebuilt as such."""
-    h = np.uint32(h)
-    body = (h & np.uint32(0x7FFF)) << np.uint32(13)
-    x = _f32_from_bits(body) * F16_RESCALE
-    if (h & np.uint32(0x7C00)) == np.uint32(0x7C00):
-        x = _f32_from_bits(body | np.uint32(0x7F800000))
-    return -x if h & np.uint32(0x8000) else x
-
-
-@njit(inline="always")
-def fast_exp(x):
-    """e^x in float32: 2^n · e^r with |r| ≤ ln2/2, e^r by its degree-6 Taylor polynomial and 2^n
-    built in the exponent bits. Below -87.3 (e^x under float32's normal range) it is 0."""
-    y = min(max(x, np.float32(-87.3)), np.float32(88.37))  # 2^n stays finite
-    n = np.floor(y * np.float32(1.4426950408889634) + np.float32(0.5))
-    r = y - n * np.float32(0.693145751953125) - n * np.float32(1.428606765330187e-06)  # ln2 split hi/lo
-    p = np.float32(1.0 / 720)
-    for c in (1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0):
-        p = p * r + np.float32(c)
-    e = p * _f32_from_bits(np.uint32((np.int32(n) + 127) << 23))
-    return e if x > np.float32(-87.3) else np.float32(0)
-
-
-@njit(fastmath=FAST, cache=True)
-def rms_norm_rows(x, weight, eps, out):
-    """out = x / sqrt(mean(x²) + eps) for each row of x (R, d), then times weight[r % W] when
-    weight (W, d) has rows. The sum of squares is taken in float64, as ggml takes it. One
-    thread: a decoded row is too small to share, and a prompt's rows take microseconds."""
-    R, d = x.shape
-    W = weight.shape[0]
-    for r in range(R):
-        total = 0.0
-        for j in range(d):
-            v = x[r, j]
-            total += np.float64(v * v)
-        scale = np.float32(1) / np.sqrt(np.float32(total / d) + eps)
-        if W == 0:
-            for j in range(d):
-                out[r, j] = x[r, j] * scale
-        else:
-            w = weight[r % W]
-            for j in range(d):
-                out[r, j] = (x[r, j] * scale) * w[j]
-
-
-@njit(fastmath=FAST, inline="always")
-def _swiglu_row(h, out, i):
-    n_ff = out.shape[1]
-    for j in range(n_ff):
-        x = h[i, j]
-        out[i, j] = x / (np.float32(1) + fast_exp(-x)) * h[i, n_ff + j]
-
-
-@njit(fastmath=FAST, inline="always")
-def _geglu_row(h, out, i):
-    """0.5·x·(1 + tanh(u)) written x / (1 + e^(-2u)): one exp and no tanh."""
-    n_ff = out.shape[1]
-    for j in range(n_ff):
-        x = h[i, j]
-        u = np.float32(0.7978845608028654) * x * (np.float32(1) + np.float32(0.044715) * x * x)
-        out[i, j] = x / (np.float32(1) + fast_exp(np.float32(-2) * u)) * h[i, n_ff + j]
-
-
-@njit(fastmath=FAST, inline="always")
-def _rope_row(x, cos, sin, neox, out, t):
-    n, n_head, d = x.shape
-    half = cos.shape[1]
-    for h in range(n_head):
-        out[t, h, 2 * half:] = x[t, h, 2 * half:]
-        for i in range(half):
-            a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
-            x0, x1 = x[t, h, a], x[t, h, b]
-            out[t, h, a] = x0 * cos[t, i] - x1 * sin[t, i]
-            out[t, h, b] = x0 * sin[t, i] + x1 * cos[t, i]
-
-
-# Each row op has a parallel kernel for prompts and a serial one for a few rows: waking numba's
-# threads costs a few microseconds a call, more than a decoded row's work.
-
-@njit(fastmath=FAST, cache=True, parallel=True)
-def swiglu_rows(h, out):
-    """out = silu(gate)·up for h = [gate | up] (n, 2·n_ff), C-contiguous; out (n, n_ff)."""
-    for i in prange(h.shape[0]):
-        _swiglu_row(h, out, i)
-
-
-@njit(fastmath=FAST, cache=True)
-def swiglu_rows_serial(h, out):
-    for i in range(h.shape[0]):
-        _swiglu_row(h, out, i)
-
-
-@njit(fastmath=FAST, cache=True, parallel=True)
-def geglu_rows(h, out):
-    """out = gelu(gate)·up, GELU's tanh form, for h = [gate | up] (n, 2·n_ff); out (n, n_ff)."""
-    for i in prange(h.shape[0]):
-        _geglu_row(h, out, i)
-
-
-@njit(fastmath=FAST, cache=True)
-def geglu_rows_serial(h, out):
-    for i in range(h.shape[0]):
-        _geglu_row(h, out, i)
-
-
-@njit(fastmath=FAST, cache=True, parallel=True)
-def rope_rows(x, cos, sin, neox, out):
-    """out = x (n, heads, d) with its first 2·len(cos[0]) dims of each head rotated by the
-    per-token angles: pairs (2i, 2i+1), or (i, i + n_rot/2) in NEOX mode; the rest copied."""
-    for t in prange(x.shape[0]):
-        _rope_row(x, cos, sin, neox, out, t)
-
-
-@njit(fastmath=FAST, cache=True)
-def rope_rows_serial(x, cos, sin, neox, out):
-    for t in range(x.shape[0]):
-        _rope_row(x, cos, sin, neox, out, t)
-
-
-def as_f32(x):
-    """A cache element as float32 (compiled per element type below)."""
-
-
-@overload(as_f32)
-def _as_f32(x):
-    if x == types.uint16:
-        return lambda x: widen_half(x)
-    if isinstance(x, types.Float):
-        return lambda x: np.float32(x)
-    return None
-
-
-# ---- vector-coded cache reads (LLVM IR, like vkernels' row dots) --------------------------------
+# ---- vector-coded cache reads (LLVM IR, like matvec_float's row dots) --------------------------------
 # A cache row's head segment is read 16 values at a time; segments whose length is not a multiple
 # of 16 take the plain loops in _attend_chunk instead. (numba's disk cache does not see edits to
 # vkernels.py's helpers used here: clear __pycache__ after changing them.)

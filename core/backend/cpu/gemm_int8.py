@@ -24,7 +24,7 @@ types with a minimum): the float work of a block is shared by L blocks.
 
 Integer sums are exact, as in ggml's vec_dot; the float steps come in another order (per unit
 rather than per super-block for K-quants), so values agree with ggml's to float rounding — the
-contract of ikernels.py. Without AVX2 (`ISA is None`) the caller keeps its float path.
+contract of matvec_int.py. Without AVX2 (`ISA is None`) the caller keeps its float path.
 `LLMSUITE_GEMM8_ISA=avx2|vnni256|vnni512` picks a narrower path (tests); only the native one is
 cached on disk.
 """
@@ -40,9 +40,10 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..errors import LLMError
-from .ikernels import KBlock, _bytes, _call, _k_scale_min, quantize_q8, quantize_q8_k
-from .vkernels import F32, I8, I32, I64, _contiguous, as_parts, reduce_add
+from ...errors import LLMError
+from .matvec_float import F32, I8, I32, I64, _contiguous, as_parts, reduce_add
+from .matvec_int import KBlock, _bytes, _call, _k_scale_min
+from .q8 import quantize_q8, quantize_q8_k
 
 _FEATURES = llvm.get_host_cpu_features()
 # path: (lanes, weight rows R, activation rows C per micro-kernel). R·C int32 and R·C float
@@ -103,7 +104,7 @@ class TileRow:
 
 def unpack_row(block_bytes: int, units_per_block: int, unit_values: int, emit_block):
     """A numba intrinsic `unpack(row, codes, scales, mins)`: one weight row (uint8 blocks) into a
-    tile row. `emit_block(e, put)` decodes one block (e: ikernels.KBlock for the block's bytes)
+    tile row. `emit_block(e, put)` decodes one block (e: matvec_int.KBlock for the block's bytes)
     and calls put(unit index in the block, codes, scale, min)."""
 
     @intrinsic

@@ -1,19 +1,25 @@
-"""Fused mat-vec kernels for the block types real models use, written as LLVM vector code.
+"""Float mat-vec kernels: a weight kept in its GGUF type times a few float32 activation rows.
 
-numba compiles the block loops of qkernels.py into scalar code: LLVM cannot tell the weight bytes,
-the activations and the accumulators apart, so it either keeps every partial sum in memory or
-vectorizes across blocks and gathers bytes one by one (about 6 GB/s on Q4_1 here). The row dots in
-this file are numba intrinsics that emit the vector code themselves: one block per loop iteration,
-16-float vectors (LLVM lowers them to one AVX-512 register or two AVX2 ones), the accumulators in
-registers (a vector for the scaled dots, a scalar for the block offsets), one horizontal sum per
-row. The bytes are unpacked as ggml packs them; activations stay float32, so a dot differs from
-the exact sum only by float rounding. Measured with scripts/kernel_speed.py (docs/performance.md).
+`MATVEC[type](w, x, out)`: `out[i, r] = x[i] · W[r]` for a few activation rows, parallel over W's
+rows; a weight row is read from memory once and never written out as float32. `w` is its raw
+bytes as a `(n_out, row_bytes)` uint8 array; for the types in MULTI_PART it may also be a tuple
+of same-type parts stacked along the output (q|k|v, gate|up), multiplied in one launch.
 
-`MATVEC[type](w, x, out)` has qkernels.MATVEC's contract: `out[i, r] = x[i] · W[r]` for a few
-activation rows, parallel over W's rows; here `w` may also be a tuple of same-type parts stacked
-along the output (q|k|v, gate|up), multiplied in one launch. The drivers live in this file with
-the intrinsics because numba's disk cache only notices edits to the file that defines a cached
-function (akernels.py uses the IR helpers too: clear __pycache__ after editing them).
+The block types real models use (Q4_0 … Q8_0, Q4_K … Q6_K) are numba intrinsics that emit LLVM
+vector code themselves. numba would compile their block loops into scalar code: LLVM cannot tell
+the weight bytes, the activations and the accumulators apart, so it either keeps every partial
+sum in memory or vectorizes across blocks and gathers bytes one by one (about 6 GB/s on Q4_1
+here). The row dots here emit one block per loop iteration, 16-float vectors (LLVM lowers them to
+one AVX-512 register or two AVX2 ones), the accumulators in registers (a vector for the scaled
+dots, a scalar for the block offsets), one horizontal sum per row. The bytes are unpacked as ggml
+packs them; activations stay float32, so a dot differs from the exact sum only by float rounding.
+Measured with scripts/kernel_speed.py (docs/performance.md).
+
+The float rows (F32, F16, BF16) are converted a row at a time, and Q2_K/Q3_K decoded a block at a
+time into a buffer, in numba's own scalar code; dequant.py reuses those converters and decoders,
+and the vector block emitters. Each kernel is its own small numba function: numba caches
+top-level functions on disk, and a single kernel switching on the type would take many minutes
+to compile. Type ids are ggml's (`GGMLQuantizationType`).
 """
 
 from __future__ import annotations
@@ -158,30 +164,6 @@ class Block:
             products = [self.b.fadd(*products[i:i + 2]) if i + 1 < len(products) else products[i]
                         for i in range(0, len(products), 2)]
         self.b.store(self.b.fadd(self.b.load(self.acc_offset), products[0]), self.acc_offset)
-
-
-class Unpack(Block):
-    """The same block emitters, writing the block's float32 values instead of dotting them:
-    `dot` stores scale * q at the values' place in the output row and `offset` adds a group's
-    offset to its 32 values, with ggml's arithmetic (the products of a half scale and small
-    integers are exact, so the values equal ggml's dequantization bit for bit)."""
-
-    def __init__(self, builder: ir.IRBuilder, row, out, at, xo):
-        super().__init__(builder, row, out, None, at, xo, None, None, None)
-
-    def _out(self, offset):
-        p = self.b.gep(self.x, [self.b.add(self.xo, self.const(offset, I64))])
-        return self.b.bitcast(p, VF32.as_pointer())
-
-    def dot(self, scale, terms):
-        for q, offset in terms:
-            self.b.store(self.b.fmul(self.floats(q), self.splat(scale)), self._out(offset), align=4)
-
-    def offset(self, terms):
-        for m, group in terms:
-            for h in (0, 16):
-                p = self._out(32 * group + h)
-                self.b.store(self.b.fadd(self.b.load(p, align=4), self.splat(m)), p, align=4)
 
 
 def reduce_add(builder: ir.IRBuilder, v):
@@ -337,50 +319,6 @@ dot_q5_k = row_dot(176, 256, _q5_k)
 dot_q6_k = row_dot(210, 256, _q6_k)
 
 
-
-def row_unpack(block_bytes: int, block_values: int, emit_block):
-    """A numba intrinsic `unpack(row, out)`: one weight row's blocks (C-contiguous uint8) as
-    float32 values into `out` (C-contiguous, a whole number of blocks long)."""
-
-    @intrinsic
-    def unpack(typingctx, row, out):
-        if not (_contiguous(row, types.uint8) and _contiguous(out, types.float32)):
-            return None
-
-        def codegen(context, builder, signature, args):
-            row_arr, out_arr = (context.make_array(t)(context, builder, a) for t, a in zip(signature.args, args))
-            n_blocks = builder.udiv(builder.extract_value(out_arr.shape, 0), ir.Constant(I64, block_values))
-            with cgutils.for_range(builder, n_blocks) as loop:
-                at = builder.mul(loop.index, ir.Constant(I64, block_bytes))
-                xo = builder.mul(loop.index, ir.Constant(I64, block_values))
-                emit_block(Unpack(builder, row_arr.data, out_arr.data, at, xo))
-            return context.get_dummy_value()
-
-        return types.none(row, out), codegen
-
-    return unpack
-
-
-def _q4_0_values(e: Block):
-    """Q4_0 and Q5_0 unpack as ggml computes them, (q - bias) · d, so a zero keeps d's sign."""
-    lo, hi = _nibbles(e, 2)
-    e.dot(e.half(0), [(e.sub(lo, 8), 0), (e.sub(hi, 8), 16)])
-
-
-def _q5_0_values(e: Block):
-    lo, hi = _with_fifth_bits(e, 2, *_nibbles(e, 6))
-    e.dot(e.half(0), [(e.sub(lo, 16), 0), (e.sub(hi, 16), 16)])
-
-
-unpack_q4_0 = row_unpack(18, 32, _q4_0_values)
-unpack_q4_1 = row_unpack(20, 32, _q4_1)
-unpack_q5_0 = row_unpack(22, 32, _q5_0_values)
-unpack_q5_1 = row_unpack(24, 32, _q5_1)
-unpack_q8_0 = row_unpack(34, 32, _q8_0)
-unpack_q4_k = row_unpack(144, 256, _q4_k)
-unpack_q5_k = row_unpack(176, 256, _q5_k)
-unpack_q6_k = row_unpack(210, 256, _q6_k)
-
 @njit(inline="always")
 def group_sums(x):
     """Each row's sums of 32 consecutive activations (n, n_in // 32)."""
@@ -477,60 +415,178 @@ def matvec_q6_k(w, x, out):
     _matvec(w, x, out, dot_q6_k)
 
 
-# ggml type ids
-MATVEC = {2: matvec_q4_0, 3: matvec_q4_1, 6: matvec_q5_0, 7: matvec_q5_1, 8: matvec_q8_0,
-          12: matvec_q4_k, 13: matvec_q5_k, 14: matvec_q6_k}
+# ---- float rows, and Q2_K/Q3_K decoded into a buffer (numba's scalar code) --------------------
 
+RUN = 32  # values dotted at a time for float types
 
-# Dequantization: one thread (the tiles feed BLAS, whose threads would spin against numba's); the
-# vector code writes a value in about 0.1 ns (numba's scalar decoders took 0.6-0.7). One function
-# per type, like the mat-vecs: numba caches top-level functions.
+# every half's value, indexed by its bits (numba compiles this table into the kernels)
+_HALF = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+_FAST = {"nsz", "arcp", "contract", "afn", "reassoc"}
+
 
 @njit(inline="always")
-def _unpack_rows(w, rows, out, unpack):
-    for i in range(len(rows)):
-        unpack(w[rows[i]], out[i])
+def _b(row, i):
+    """A byte as int32 (numba would type uint8-with-int64 arithmetic as float)."""
+    return np.int32(row[i])
 
 
-@njit(cache=True)
-def dequant_q4_0(w, rows, out):
-    _unpack_rows(w, rows, out, unpack_q4_0)
+@njit(inline="always")
+def half(row, at):
+    """The IEEE half stored little-endian at row[at], row[at + 1] (one lookup in a 256 KB table)."""
+    return _HALF[_b(row, at) | (_b(row, at + 1) << 8)]
 
 
-@njit(cache=True)
-def dequant_q4_1(w, rows, out):
-    _unpack_rows(w, rows, out, unpack_q4_1)
+# ---- block decoders: (row bytes, block index, out) -------------------------------------------
+
+@njit(inline="always")
+def _q2_k(row, b, out, o):
+    at = b * 84
+    d, dmin = half(row, at + 80), half(row, at + 82)
+    for n in range(2):
+        for shift in range(4):
+            for half_ in range(2):
+                sc = _b(row, at + n * 8 + shift * 2 + half_)
+                dl, ml = d * np.float32(sc & 15), dmin * np.float32(sc >> 4)
+                qs = at + 16 + n * 32 + half_ * 16
+                base = n * 128 + shift * 32 + half_ * 16
+                for ll in range(16):
+                    out[o + base + ll] = dl * np.float32((_b(row, qs + ll) >> (2 * shift)) & 3) - ml
 
 
-@njit(cache=True)
-def dequant_q5_0(w, rows, out):
-    _unpack_rows(w, rows, out, unpack_q5_0)
+@njit(inline="always")
+def _q3_k_scale(row, at, j):
+    """Sub-block j's signed 6-bit scale from Q3_K's 12 packed bytes at row[at]."""
+    lo = (_b(row, at + j) & 15) if j < 8 else (_b(row, at + j - 8) >> 4)
+    hi = (_b(row, at + 8 + j % 4) >> (2 * (j // 4))) & 3
+    return np.float32(np.int32(lo | (hi << 4)) - 32)
 
 
-@njit(cache=True)
-def dequant_q5_1(w, rows, out):
-    _unpack_rows(w, rows, out, unpack_q5_1)
+@njit(inline="always")
+def _q3_k(row, b, out, o):
+    at = b * 110
+    d = half(row, at + 108)
+    for n in range(2):
+        for shift in range(4):
+            for half_ in range(2):
+                j = n * 8 + shift * 2 + half_
+                scale = d * _q3_k_scale(row, at + 96, j)
+                qs = at + 32 + n * 32 + half_ * 16
+                bit = 4 * n + shift
+                base = n * 128 + shift * 32 + half_ * 16
+                for ll in range(16):
+                    q = np.int32((_b(row, qs + ll) >> (2 * shift)) & 3)
+                    if not (_b(row, at + half_ * 16 + ll) >> bit) & 1:
+                        q -= 4
+                    out[o + base + ll] = scale * np.float32(q)
 
 
-@njit(cache=True)
-def dequant_q8_0(w, rows, out):
-    _unpack_rows(w, rows, out, unpack_q8_0)
+@njit(inline="always")
+def _f16_values(src, start, n, out, o):
+    """n halves src[start:start + n] (uint16 bits) as float32 into out[o:o + n]: a half's sign,
+    exponent and mantissa placed in a float's bits and rescaled by 2**112, exact for every finite
+    half (subnormals included; inf and nan are not expected in weights or caches), in two loops
+    LLVM vectorizes."""
+    bits = out.view(np.int32)
+    for j in range(n):
+        h = np.int32(src[start + j])
+        bits[o + j] = ((h & 0x8000) << 16) | ((h & 0x7FFF) << 13)
+    for j in range(n):
+        out[o + j] *= np.float32(5.192296858534828e33)
 
 
-@njit(cache=True)
-def dequant_q4_k(w, rows, out):
-    _unpack_rows(w, rows, out, unpack_q4_k)
+# ---- dots: one weight row with one activation row ---------------------------------------------
+
+@njit(inline="always")
+def _dot_decoded(row, x, lanes, vals, decoder, run):
+    """Decode each block into vals, then accumulate per lane."""
+    lanes[:] = 0.0
+    for b in range(x.shape[0] // run):
+        decoder(row, b, vals, 0)
+        for j in range(run):
+            lanes[j] += vals[j] * x[b * run + j]
+    return lanes.sum()
 
 
-@njit(cache=True)
-def dequant_q5_k(w, rows, out):
-    _unpack_rows(w, rows, out, unpack_q5_k)
+# ---- drivers ------------------------------------------------------------------------------------
+
+@njit(inline="always")
+def _matvec_decoded(w, x, out, decoder, run):
+    n_out = w.shape[0]
+    for c in prange((n_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        lanes = np.empty(run, dtype=np.float32)
+        vals = np.empty(run, dtype=np.float32)
+        for r in range(c * ROWS_PER_TASK, min((c + 1) * ROWS_PER_TASK, n_out)):
+            for i in range(x.shape[0]):
+                out[i, r] = _dot_decoded(w[r], x[i], lanes, vals, decoder, run)
 
 
-@njit(cache=True)
-def dequant_q6_k(w, rows, out):
-    _unpack_rows(w, rows, out, unpack_q6_k)
+@njit(inline="always")
+def _matvec_floats(w, x, out, convert):
+    """Float rows: each row converted whole into a buffer (one view per row, any length), then
+    dotted with every activation row in RUN lanes and a tail."""
+    n_out, n_in = w.shape[0], x.shape[1]
+    n_full = n_in - n_in % RUN
+    for c in prange((n_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        values = np.empty(n_in, dtype=np.float32)
+        lanes = np.empty(RUN, dtype=np.float32)
+        for r in range(c * ROWS_PER_TASK, min((c + 1) * ROWS_PER_TASK, n_out)):
+            convert(w[r], values)
+            for i in range(x.shape[0]):
+                lanes[:] = 0.0
+                for b in range(0, n_full, RUN):
+                    for j in range(RUN):
+                        lanes[j] += values[b + j] * x[i, b + j]
+                total = lanes.sum()
+                for j in range(n_full, n_in):
+                    total += values[j] * x[i, j]
+                out[i, r] = total
 
 
-DEQUANT = {2: dequant_q4_0, 3: dequant_q4_1, 6: dequant_q5_0, 7: dequant_q5_1, 8: dequant_q8_0,
-           12: dequant_q4_k, 13: dequant_q5_k, 14: dequant_q6_k}
+@njit(inline="always")
+def _row_f32(row, out):
+    out[:] = row.view(np.float32)
+
+
+@njit(inline="always")
+def _row_f16(row, out):
+    _f16_values(row.view(np.uint16), 0, out.shape[0], out, 0)
+
+
+@njit(inline="always")
+def _row_bf16(row, out):
+    src, bits = row.view(np.uint16), out.view(np.int32)
+    for j in range(out.shape[0]):
+        bits[j] = np.int32(src[j]) << 16
+
+
+@njit(parallel=True, cache=True, fastmath=_FAST)
+def matvec_f32(w, x, out):
+    _matvec_floats(w, x, out, _row_f32)
+
+
+@njit(parallel=True, cache=True, fastmath=_FAST)
+def matvec_f16(w, x, out):
+    _matvec_floats(w, x, out, _row_f16)
+
+
+@njit(parallel=True, cache=True, fastmath=_FAST)
+def matvec_bf16(w, x, out):
+    _matvec_floats(w, x, out, _row_bf16)
+
+
+@njit(parallel=True, cache=True, fastmath=_FAST)
+def matvec_q2_k(w, x, out):
+    _matvec_decoded(w, x, out, _q2_k, 256)
+
+
+@njit(parallel=True, cache=True, fastmath=_FAST)
+def matvec_q3_k(w, x, out):
+    _matvec_decoded(w, x, out, _q3_k, 256)
+
+
+# ggml type ids
+MATVEC = {0: matvec_f32, 1: matvec_f16, 30: matvec_bf16, 10: matvec_q2_k, 11: matvec_q3_k,
+          2: matvec_q4_0, 3: matvec_q4_1, 6: matvec_q5_0, 7: matvec_q5_1, 8: matvec_q8_0,
+          12: matvec_q4_k, 13: matvec_q5_k, 14: matvec_q6_k}
+# types whose MATVEC also takes a tuple of same-type parts (one launch for q|k|v, gate|up)
+MULTI_PART = frozenset((2, 3, 6, 7, 8, 12, 13, 14))
