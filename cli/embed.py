@@ -4,6 +4,7 @@ sequences; pooled with the model's pooling type or --pooling; normalized as --em
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -21,6 +22,14 @@ from .common import open_model, progress_display, read_text_file
 OUTPUT_FORMATS = ("plain", "json", "json+", "array")
 
 
+# as llama-embedding unless given: a batch is one micro-batch (-ub is -b), and holds every input it can (-np)
+MicroBatch = Annotated[Optional[int], typer.Option("-ub", "--ubatch-size", help="physical micro-batch size "
+                       "(default: -b); an encoder takes a batch whole, so -ub caps its batches")]
+Sequences = Annotated[Optional[int], typer.Option("-np", "--parallel", help="inputs decoded together "
+                      f"(default: all of them, at most {MAX_SEQ})")]
+
+
+@opt.with_context_options(ubatch_size=opt.Flag(MicroBatch, None), parallel=opt.Flag(Sequences, None))
 def embed(
     texts: Annotated[Optional[list[str]], typer.Argument(help="texts to embed, one vector each")] = None,
     model: opt.Model = None,
@@ -30,29 +39,23 @@ def embed(
                                                 "1 taxicab, 2 euclidean, >2 p-norm")] = 2,
     output_format: Annotated[str, typer.Option("-o", "--embd-output-format", help="plain | json | json+ | array")] = "plain",
     separator: Annotated[str, typer.Option("--embd-separator", help="what separates the inputs of -f")] = "\n",
-    ctx_size: opt.CtxSize = 0,
-    batch_size: opt.BatchSize = 2048,
-    kv: opt.Kv = "auto",
-    ctx_kind: opt.Ctx = "auto",
-    cache_type_k: opt.CacheTypeK = None,
-    cache_type_v: opt.CacheTypeV = None,
-    backend: opt.Backend = "cpu",
-    numerics: opt.Numerics = None,
+    *,
+    context: opt.ContextOptions,
 ) -> None:
     """Embed texts (llama-embedding): the vectors go to stdout, nothing until all are made."""
     inputs = _inputs(texts or [], file, separator)
     check_normalize(embd_normalize)
     if output_format not in OUTPUT_FORMATS:
         raise InvalidInputError(f"unknown --embd-output-format '{output_format}' (choose from {', '.join(OUTPUT_FORMATS)})")
-    # as llama-embedding: a batch is one micro-batch (an encoder sees each sequence whole)
-    params = opt.context_params(ctx_size, batch_size, batch_size, min(len(inputs), MAX_SEQ), kv, ctx_kind,
-                                False, cache_type_k, cache_type_v, backend, numerics=numerics)
-    params.embeddings, params.pooling = True, pooling
-    lm, _ = open_model(model, backend, (params.type_k, params.type_v), numerics)
+    context = context.apply_llama_cpp_flags()
+    ubatch = context.batch_size if context.ubatch_size is None else context.ubatch_size
+    n_seq = min(len(inputs), MAX_SEQ) if context.parallel is None else context.parallel
+    params = context.params(n_ubatch=ubatch, n_seq_max=n_seq, embeddings=True, pooling=pooling)
+    lm, _ = open_model(model, context.backend, (params.type_k, params.type_v), context.numerics)
     if pooling == "auto" and not lm.hparams.pooling:
         raise InvalidInputError(f"{lm.name} ({lm.arch}) has no pooling type: give --pooling mean or last "
                                 "(or none for one vector per token)")
-    ctx = Context(lm, params)  # caps -b at the context size, and the micro-batch with it
+    ctx = _context(lm, params)
     tokens = [_tokenize(lm, text, i, ctx.params.n_batch) for i, text in enumerate(inputs)]
     with progress_display() as progress:
         task = progress.add_task(f"embedding {len(inputs)} inputs", total=len(inputs))
@@ -63,6 +66,14 @@ def embed(
     labels = inputs if ctx.pooling != "none" else []
     sys.stdout.write(format_embeddings(vectors, output_format, embd_normalize == 0, labels))
     sys.stdout.flush()
+
+
+def _context(lm, params) -> Context:
+    """The context (it caps -b at the context size, and -ub at -b); an encoder's batches at -ub."""
+    ctx = Context(lm, params)
+    if ctx.kind == "encoder" and ctx.params.n_ubatch < ctx.params.n_batch:
+        return Context(lm, replace(params, n_batch=ctx.params.n_ubatch))
+    return ctx
 
 
 def _inputs(texts: list[str], file: Path | None, separator: str) -> list[str]:
@@ -83,7 +94,8 @@ def _tokenize(lm, text: str, i: int, n_batch: int) -> list[int]:
     tokens = lm.vocab.tokenize(text, add_special=True, parse_special=True)
     if len(tokens) > n_batch:
         raise InvalidInputError(f"input {i + 1} ({excerpt(text, 40)}) has {len(tokens)} tokens, more than the batch "
-                                f"of {n_batch} (-b, at most -c); llama-embedding refuses it too")
+                                f"of {n_batch} (-b, at most -c; an encoder's, at most -ub); llama-embedding refuses "
+                                "it too")
     return tokens
 
 

@@ -16,7 +16,6 @@ from llmsuite.core.chat import chat_prompt, resolve_template
 from llmsuite.core.conversation import Conversation
 from llmsuite.core.context import Context
 from llmsuite.core.graph import AttnStats
-from llmsuite.core.memory.masks import SparseParams
 from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.generation import PROMPT_MARGIN, check_context_shift, check_prompt, generate as run_generation
 from llmsuite.core.sampling import CHAIN, DEFAULT_SEED, Sampler, SamplerParams, parse_samplers
@@ -26,28 +25,17 @@ from .common import err_console, log, open_model, read_text_file, settings
 from .conversation import PROMPT_COLOR, colored, converse
 
 
+Completions = Annotated[int, typer.Option("-np", "--parallel", help="completions of the prompt, in one batch")]
+
+
+@opt.with_context_options(parallel=opt.Flag(Completions, 1))
 def generate(
     model: opt.Model = None,
     prompt: Annotated[Optional[str], typer.Option("-p", "--prompt", help="prompt text")] = None,
     file: Annotated[Optional[Path], typer.Option("-f", "--file", help="read the prompt from a file")] = None,
     n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="tokens to generate (-1: until end)")] = -1,
-    ctx_size: opt.CtxSize = 0,
-    batch_size: opt.BatchSize = 2048,
-    ubatch_size: opt.UBatchSize = 512,
-    parallel: Annotated[int, typer.Option("-np", "--parallel", help="completions of the prompt, in one batch")] = 1,
-    kv: opt.Kv = "auto",
-    ctx_kind: opt.Ctx = "auto",
-    swa_full: opt.SwaFull = False,
-    cache_type_k: opt.CacheTypeK = None,
-    cache_type_v: opt.CacheTypeV = None,
-    backend: opt.Backend = "cpu",
-    attn: opt.Attn = "auto",
-    attn_impl: opt.AttnImpl = "auto",
-    numerics: opt.Numerics = None,
-    sparse_topk: opt.SparseTopk = 0,
-    sparse_block: opt.SparseBlock = opt.SPARSE.block,
-    sparse_local: opt.SparseLocal = opt.SPARSE.local,
-    sparse_layers: opt.SparseLayers = opt.SPARSE.layers,
+    *,
+    context: opt.ContextOptions,
     seed: Annotated[int, typer.Option("-s", "--seed", help="sampling seed (random unless given)",
                                       show_default=False)] = DEFAULT_SEED,
     temp: Annotated[float, typer.Option("--temp", help="temperature: divide the logits by this (0: greedy)")] = 0.8,
@@ -72,14 +60,6 @@ def generate(
     escape: Annotated[bool, typer.Option("-e/--no-escape", "--escape", show_default=False, help="turn \\n, \\t, "
                       "\\\\, \\\" in the prompt, -r, --in-prefix and --in-suffix into what they stand for "
                       "(on unless --no-escape)")] = True,
-    threads: opt.Threads = 0,
-    threads_batch: opt.ThreadsBatch = 0,
-    gpu_layers: opt.GpuLayers = None,
-    flash_attn: opt.FlashAttn = "auto",
-    device: opt.Device = None,
-    split_mode: opt.SplitMode = None,
-    main_gpu: opt.MainGpu = None,
-    no_mmap: opt.NoMmap = False,
     verbose: opt.Verbose = False,
     chat: Annotated[bool, typer.Option("--chat", help="format the prompt with the model's chat template")] = False,
     system: Annotated[Optional[str], typer.Option("--system", "-sys", help="system message for --chat")] = None,
@@ -111,21 +91,19 @@ def generate(
     if escape:
         text, in_prefix, in_suffix = (opt.process_escapes(s) for s in (text, in_prefix, in_suffix))
         reverse_prompt = [opt.process_escapes(r) for r in reverse_prompt or ()]
-    attn = opt.llama_cpp_flags(attn, gpu_layers, flash_attn, device, split_mode, main_gpu, no_mmap)
+    context = context.apply_llama_cpp_flags()
     chain = parse_samplers(samplers)
-    if 0 < ctx_size <= PROMPT_MARGIN:  # known before the model loads
-        raise InvalidInputError(f"-c {ctx_size} leaves no room for a prompt (generation keeps {PROMPT_MARGIN} cells "
+    n_ctx, parallel = context.ctx_size, context.parallel
+    if 0 < n_ctx <= PROMPT_MARGIN:  # known before the model loads
+        raise InvalidInputError(f"-c {n_ctx} leaves no room for a prompt (generation keeps {PROMPT_MARGIN} cells "
                                 "free beyond it, as llama-completion)")
     _check_sampling(temp, repeat_penalty, n_predict)
     talk = conversation or interactive
     _check_conversation_flags(conversation, interactive, chat, parallel, reverse_prompt, in_prefix, in_suffix)
     if system is not None and not (chat or conversation):
         raise InvalidInputError("--system only applies with --chat or -cnv")
-    params = opt.context_params(ctx_size, batch_size, ubatch_size, parallel, kv, ctx_kind, swa_full,
-                                cache_type_k, cache_type_v, backend, attn, numerics,
-                                SparseParams(sparse_topk, sparse_block, sparse_local, sparse_layers), attn_impl,
-                                threads, threads_batch)
-    lm, t_load = open_model(model, backend, (params.type_k, params.type_v), numerics)
+    params = context.params()
+    lm, t_load = open_model(model, context.backend, (params.type_k, params.type_v), context.numerics)
     ctx = Context(lm, params)
     if settings["verbose"]:
         ctx.attn_stats = AttnStats()

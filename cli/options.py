@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import re
-from typing import Annotated, Optional
+from dataclasses import dataclass, fields, replace
+from typing import Annotated, Any, NamedTuple, Optional, get_type_hints
 
 import typer
 
@@ -91,25 +94,113 @@ def process_escapes(text: str) -> str:
     return _ESCAPE.sub(lambda m: chr(int(m.group(1)[1:], 16)) if m.group(1)[0] == "x" else _ESCAPED[m.group(1)], text)
 
 
-def context_params(ctx_size: int, batch_size: int, ubatch_size: int, parallel: int, kv: str, ctx: str,
-                   swa_full: bool, cache_type_k: str | None, cache_type_v: str | None, backend: str = "cpu",
-                   attn: str = "auto", numerics: str | None = None, sparse: SparseParams | None = None,
-                   attn_impl: str = "auto", threads: int = 0, threads_batch: int = 0) -> ContextParams:
-    """The flags as ContextParams (-ctk/-ctv None: not given), checked before any model is loaded."""
-    given = cache_type_k is not None or cache_type_v is not None
-    cache_type_k, cache_type_v = cache_types(backend, cache_type_k, cache_type_v)
-    params = ContextParams(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size, n_seq_max=parallel,
-                           type_k=cache_type_k, type_v=cache_type_v, swa_full=swa_full, kv=kv, ctx=ctx,
-                           backend=backend, attn=attn, numerics=numerics, cache_types_given=given,
-                           sparse=sparse or SparseParams(), attn_impl=attn_impl, n_threads=threads,
-                           n_threads_batch=threads_batch)
-    params.validate()
-    from .common import ready_backend
-
-    ready_backend(backend, params.numerics)  # an unavailable backend is refused before the model loads
-    return params
-
-
 def cache_types(backend: str, type_k: str | None, type_v: str | None) -> tuple[str, str]:
     """-ctk/-ctv as given, or the backend's default."""
     return type_k or default_cache_type(backend), type_v or default_cache_type(backend)
+
+
+@dataclass(frozen=True)
+class ContextOptions:
+    """The context and speed flags, declared once: each field is an option of every command that
+    builds a context (its annotation) with its default; see `with_context_options`."""
+    ctx_size: CtxSize = 0
+    batch_size: BatchSize = 2048
+    ubatch_size: UBatchSize = 512
+    parallel: Parallel = 1
+    kv: Kv = "auto"
+    ctx_kind: Ctx = "auto"
+    swa_full: SwaFull = False
+    cache_type_k: CacheTypeK = None
+    cache_type_v: CacheTypeV = None
+    backend: Backend = "cpu"
+    attn: Attn = "auto"
+    attn_impl: AttnImpl = "auto"
+    numerics: Numerics = None
+    sparse_topk: SparseTopk = 0
+    sparse_block: SparseBlock = SPARSE.block
+    sparse_local: SparseLocal = SPARSE.local
+    sparse_layers: SparseLayers = SPARSE.layers
+    threads: Threads = 0
+    threads_batch: ThreadsBatch = 0
+    gpu_layers: GpuLayers = None
+    flash_attn: FlashAttn = "auto"
+    device: Device = None
+    split_mode: SplitMode = None
+    main_gpu: MainGpu = None
+    no_mmap: NoMmap = False
+
+    @property
+    def sparse(self) -> SparseParams:
+        return SparseParams(self.sparse_topk, self.sparse_block, self.sparse_local, self.sparse_layers)
+
+    def apply_llama_cpp_flags(self) -> ContextOptions:
+        """Check and report the GPU-build flags (after -v is set); -fa off makes attention dense."""
+        attn = llama_cpp_flags(self.attn, self.gpu_layers, self.flash_attn, self.device, self.split_mode,
+                               self.main_gpu, self.no_mmap)
+        return replace(self, attn=attn)
+
+    def params(self, **changes) -> ContextParams:
+        """These flags as ContextParams, with `changes` in its own names (n_ctx=, n_seq_max=, ...);
+        checked, and the backend readied, before any model is loaded."""
+        type_k, type_v = cache_types(self.backend, self.cache_type_k, self.cache_type_v)
+        given = self.cache_type_k is not None or self.cache_type_v is not None
+        flags = dict(n_ctx=self.ctx_size, n_batch=self.batch_size, n_ubatch=self.ubatch_size, n_seq_max=self.parallel,
+                     type_k=type_k, type_v=type_v, cache_types_given=given, swa_full=self.swa_full, kv=self.kv,
+                     ctx=self.ctx_kind, backend=self.backend, attn=self.attn, attn_impl=self.attn_impl,
+                     numerics=self.numerics, sparse=self.sparse, n_threads=self.threads,
+                     n_threads_batch=self.threads_batch)
+        params = ContextParams(**(flags | changes))
+        params.validate()
+        from .common import ready_backend
+
+        ready_backend(self.backend, params.numerics)  # an unavailable backend is refused before the model loads
+        return params
+
+
+class Flag(NamedTuple):
+    """An option as a command declares it: Annotated[type, typer.Option(...)], and its default."""
+    annotation: Any
+    default: Any
+
+
+CONTEXT_FLAGS = {f.name: Flag(get_type_hints(ContextOptions, include_extras=True)[f.name], f.default)
+                 for f in fields(ContextOptions)}
+
+
+def with_context_options(omit: tuple[str, ...] = (), **changes):
+    """Put the context flags in a command's signature where its parameter `context` stands, and
+    call it with them as one ContextOptions. A change is a flag's default, or a Flag for a flag the
+    command declares its own way (its help, its type); an omitted flag keeps ContextOptions' default."""
+    unknown = (set(omit) | set(changes)) - set(CONTEXT_FLAGS)
+    if unknown:
+        raise TypeError(f"not a context flag: {', '.join(sorted(unknown))}")
+    flags = {name: _changed(flag, changes.get(name, flag.default)) for name, flag in CONTEXT_FLAGS.items()
+             if name not in omit}
+
+    def decorate(command):
+        signature = inspect.signature(command, eval_str=True)
+        if "context" not in signature.parameters:
+            raise TypeError(f"{command.__name__} has no parameter `context` for the context flags")
+
+        @functools.wraps(command)
+        def run(**options):
+            context = ContextOptions(**{name: options.pop(name) for name in flags})
+            return command(**options, context=context)
+
+        params = []
+        for param in signature.parameters.values():
+            if param.name != "context":
+                params.append(param)
+                continue
+            params += [inspect.Parameter(name, param.kind, default=flag.default, annotation=flag.annotation)
+                       for name, flag in flags.items()]
+        # Typer reads the signature and the resolved annotations: both name the flags, not `context`
+        run.__signature__ = signature.replace(parameters=params)
+        run.__annotations__ = {p.name: p.annotation for p in params} | {"return": signature.return_annotation}
+        return run
+
+    return decorate
+
+
+def _changed(flag: Flag, change) -> Flag:
+    return change if isinstance(change, Flag) else flag._replace(default=change)

@@ -15,7 +15,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from llmsuite.core.context import Context
 from llmsuite.core.graph import AttnStats
-from llmsuite.core.memory.masks import SparseParams
 from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.perplexity import (ChunkPlan, KLStats, kl_divergence, median, percentile, perplexity as run_ppl,
                                       plan_chunks, read_kl_base, vocab_fingerprint)
@@ -27,35 +26,18 @@ from .generate import print_attn_stats
 DEFAULT_CTX = 512
 
 
+ChunkSize = Annotated[Optional[int], typer.Option("-c", "--ctx-size", help="tokens per chunk (default 512)")]
+
+
+# -np does not apply: the chunks decoded together follow from -b and -c, as in llama-perplexity
+@opt.with_context_options(omit=("parallel",), ctx_size=opt.Flag(ChunkSize, None))
 def perplexity(
     model: opt.Model = None,
     file: Annotated[Optional[Path], typer.Option("-f", "--file", help="text to score")] = None,
-    ctx_size: Annotated[Optional[int], typer.Option("-c", "--ctx-size", help="tokens per chunk (default 512)")] = None,
     chunks: Annotated[int, typer.Option("--chunks", help="chunks to score (-1: all)")] = -1,
-    batch_size: opt.BatchSize = 2048,
-    ubatch_size: opt.UBatchSize = 512,
-    kv: opt.Kv = "auto",
-    ctx_kind: opt.Ctx = "auto",
-    swa_full: opt.SwaFull = False,
-    cache_type_k: opt.CacheTypeK = None,
-    cache_type_v: opt.CacheTypeV = None,
-    backend: opt.Backend = "cpu",
-    attn: opt.Attn = "auto",
-    attn_impl: opt.AttnImpl = "auto",
-    numerics: opt.Numerics = None,
-    threads: opt.Threads = 0,
-    threads_batch: opt.ThreadsBatch = 0,
-    gpu_layers: opt.GpuLayers = None,
-    flash_attn: opt.FlashAttn = "auto",
-    device: opt.Device = None,
-    split_mode: opt.SplitMode = None,
-    main_gpu: opt.MainGpu = None,
-    no_mmap: opt.NoMmap = False,
+    *,
+    context: opt.ContextOptions,
     verbose: opt.Verbose = False,
-    sparse_topk: opt.SparseTopk = 0,
-    sparse_block: opt.SparseBlock = opt.SPARSE.block,
-    sparse_local: opt.SparseLocal = opt.SPARSE.local,
-    sparse_layers: opt.SparseLayers = opt.SPARSE.layers,
     kl_base: Annotated[Optional[Path], typer.Option("--kl-divergence-base", help="file of base log-probabilities")] = None,
     kl: Annotated[bool, typer.Option("--kl-divergence", help="compare with --kl-divergence-base")] = False,
     output: Annotated[str, typer.Option("-o", "--output", help="text or json")] = "text",
@@ -63,7 +45,8 @@ def perplexity(
 ) -> None:
     """Perplexity of a text file, chunk by chunk (llama-perplexity)."""
     opt.verbose_flag(verbose)
-    attn = opt.llama_cpp_flags(attn, gpu_layers, flash_attn, device, split_mode, main_gpu, no_mmap)
+    context = context.apply_llama_cpp_flags()
+    ctx_size = context.ctx_size
     if output not in ("text", "json"):
         raise InvalidInputError(f"unknown output format '{output}' (text or json)")
     if kl and kl_base is None:
@@ -82,12 +65,8 @@ def perplexity(
     text = read_text_file(file) if base is None else None
     if text is not None and not text.strip():
         raise InvalidInputError(f"{file} is empty")
-    given_k, given_v = cache_type_k, cache_type_v
-    sparse = SparseParams(sparse_topk, sparse_block, sparse_local, sparse_layers)
-    cache_type_k, cache_type_v = opt.cache_types(backend, cache_type_k, cache_type_v)
-    opt.context_params(ctx_size, batch_size, min(ubatch_size, batch_size), 1, kv, ctx_kind, swa_full,
-                       given_k, given_v, backend, attn, numerics, sparse, attn_impl, threads, threads_batch)
-    lm, _ = open_model(model, backend, (cache_type_k, cache_type_v), numerics)
+    params = context.params(n_ctx=ctx_size, n_ubatch=min(context.ubatch_size, context.batch_size), n_seq_max=1)
+    lm, _ = open_model(model, context.backend, (params.type_k, params.type_v), context.numerics)
     if base is not None:
         if base.n_vocab != lm.hparams.n_vocab or base.vocab_fp != vocab_fingerprint(lm.vocab):
             raise InvalidInputError(f"{kl_base} was computed with another vocabulary ({base.model_name}); "
@@ -98,22 +77,21 @@ def perplexity(
     else:
         log("perplexity: tokenizing the input ..")
         tokens = lm.vocab.tokenize(text, add_special=True, parse_special=False)
-    plan = plan_chunks(len(tokens), ctx_size, batch_size, base.n_chunk if base is not None else chunks)
+    plan = plan_chunks(len(tokens), ctx_size, context.batch_size, base.n_chunk if base is not None else chunks)
     if ctx_size > lm.hparams.n_ctx_train:
         err_console.print(f"warning: the model was trained on only {lm.hparams.n_ctx_train} context tokens "
                           f"({ctx_size} specified)", markup=False)
     _check_memory(plan, lm.hparams.n_vocab)
-    ctx = Context(lm, opt.context_params(plan.n_seq * plan.n_ctx, plan.n_batch, min(ubatch_size, plan.n_batch),
-                                         plan.n_seq, kv, ctx_kind, swa_full, given_k, given_v, backend,
-                                         attn, numerics, sparse, attn_impl, threads, threads_batch))
+    ctx = Context(lm, context.params(n_ctx=plan.n_seq * plan.n_ctx, n_batch=plan.n_batch,
+                                     n_ubatch=min(context.ubatch_size, plan.n_batch), n_seq_max=plan.n_seq))
     if cli_settings["verbose"]:
         ctx.attn_stats = AttnStats()
     log(f"perplexity: calculating perplexity over {plan.n_chunk} chunks, n_ctx={plan.n_ctx}, "
         f"batch_size={plan.n_batch}, n_seq={plan.n_seq}")
     settings = dict(model=lm.name, file=str(file) if file else None, n_ctx=plan.n_ctx, n_chunk=plan.n_chunk,
                     n_batch=plan.n_batch, n_ubatch=ctx.params.n_ubatch, n_seq=plan.n_seq, kv=ctx.memory.kind,
-                    type_k=cache_type_k, type_v=cache_type_v, backend=backend, attn=attn,
-                    sparse_topk=sparse_topk)
+                    type_k=params.type_k, type_v=params.type_v, backend=context.backend, attn=context.attn,
+                    sparse_topk=context.sparse_topk)
     with _progress(progress, plan) as bar:
         if base is not None:
             _run_kl(ctx, base, plan, output, bar, settings)

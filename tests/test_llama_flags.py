@@ -180,3 +180,18 @@ def test_context_shift_is_refused_for_a_recurrent_state_before_any_output():
     r = llm("generate", "-m", str(TINY_GEMMA3.parent / "tiny-mamba.gguf"), "-p", "Once upon", "--context-shift")
     assert_one_line_error(r, "--kv recurrent cannot")
     assert r.stdout == ""
+
+
+def test_every_command_that_builds_a_context_takes_the_same_flags():
+    import typer
+
+    from llmsuite.cli.main import app
+
+    shared = {"-c", "-b", "-ub", "--kv", "--ctx", "--swa-full", "-ctk", "-ctv", "--backend", "--attn", "--attn-impl",
+              "--numerics", "--sparse-topk", "--sparse-block", "--sparse-local", "--sparse-layers", "-t", "-tb",
+              "-ngl", "-fa", "-dev", "-sm", "-mg", "--no-mmap"}
+    commands = typer.main.get_command(app).commands
+    for name in ("generate", "chat", "embed", "perplexity"):
+        flags = {flag for param in commands[name].params for flag in param.opts}
+        assert shared <= flags, (name, shared - flags)
+        assert ("-np" in flags) == (name != "perplexity"), name
