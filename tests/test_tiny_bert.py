@@ -161,3 +161,39 @@ def test_embed_bad_input(args, fragment):
     r = llm("embed", "-m", str(TINY_BERT), *args)
     assert_one_line_error(r, fragment)
     assert r.stdout == ""
+
+
+def embed_array(model, *args) -> np.ndarray:
+    r = llm("embed", "-m", str(model), *args, "-o", "array", "--numerics", "f32")
+    assert r.returncode == 0, r.stderr
+    return np.array(json.loads(r.stdout))
+
+
+def test_embed_takes_the_speed_flags_and_keeps_the_vectors():
+    texts = reference()["texts"]
+    plain = embed_array(TINY_BERT, *texts)
+    # -ub 16 caps an encoder's batches (13 + 9 tokens no longer fit one): each text decodes alone
+    flags = embed_array(TINY_BERT, *texts, "-t", "1", "-tb", "1", "-ub", "16", "-np", "2", "--attn", "dense",
+                        "--attn-impl", "auto", "-fa", "off", "-ngl", "99", "-dev", "none", "-sm", "none", "-mg", "0",
+                        "--no-mmap")
+    np.testing.assert_allclose(flags, plain, atol=1e-5, rtol=0)
+
+
+def test_embed_honours_micro_batches_of_a_causal_model():
+    texts = ["hello", "there world"]
+    plain = embed_array(TINY_GEMMA3, *texts, "--pooling", "last")
+    split = embed_array(TINY_GEMMA3, *texts, "--pooling", "last", "-ub", "2", "-np", "1", "--swa-full")
+    np.testing.assert_allclose(split, plain, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--sparse-topk", "64"], "--sparse-topk selects cached keys; bert is an encoder and keeps no memory"),
+    (["-ub", "8"], "has 13 tokens, more than the batch of 8"),
+    (["-fa", "off", "--attn", "sparse"], "contradicts --attn sparse"),
+    (["-t", "-1"], "-t and -tb take a thread count"),
+    (["--numerics", "f64"], "unknown --numerics 'f64'"),
+])
+def test_embed_refuses_flags_that_cannot_apply(args, fragment):
+    r = llm("embed", "-m", str(TINY_BERT), reference()["texts"][0], *args)
+    assert_one_line_error(r, fragment)
+    assert r.stdout == ""
