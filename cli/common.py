@@ -76,16 +76,13 @@ def open_model(spec: str | None, backend: str = "cpu", cache_types=("f16",), num
         def report(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
 
-        model = load_model(path, report, backend)
+        model = load_model(path, report, backend, numerics=numerics)  # None: the backend's own numerics
         progress.update(task, description="preparing cpu kernels (numba compiles them once per machine)",
                         total=None)
-        model.backend.prepare(model.weight_types, state_space=model.is_recurrent, cache_types=cache_types,
-                              numerics=numerics)  # None: the backend's own (its default)
-    for note in getattr(model.backend, "notes", []):
+        model.backend.prepare(model.weight_types, state_space=model.is_recurrent, cache_types=cache_types)
+    for note in model.backend.notes:
         log(note)
-    backend = model.backend.with_numerics(numerics) if numerics and hasattr(model.backend, "with_numerics") \
-        else model.backend
-    log(f"backend {backend.name}: {backend.describe()}")  # on the cpu: which integer paths run
+    log(f"backend {model.backend.name}: {model.backend.describe()}")  # on the cpu: which integer paths run
     return model, time.perf_counter() - t0
 
 
