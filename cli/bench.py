@@ -17,7 +17,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from llmsuite.core import bench as core
 from llmsuite.core.backend import BACKENDS, NUMERICS, get_backend
-from llmsuite.core.context import ATTN_PATHS
+from llmsuite.core.context import ContextParams
+from llmsuite.core.plan import ATTN_PATHS
 from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.memory import CACHE_TYPES, KV_KINDS
 from llmsuite.core.memory.factory import ATTN_IMPLS
@@ -92,7 +93,7 @@ def bench(
         raise InvalidInputError("-t takes thread counts of at least 1")
     sparse = SparseParams(0, sparse_block, sparse_local, sparse_layers)
     for k in axes["sparse_topk"] or [0]:
-        replace(sparse, topk=k).validate()
+        ContextParams(sparse=replace(sparse, topk=k)).validate()  # refused before any model loads
     models = [m for value in (model or ["smollm2-135m"]) for m in core.parse_str_list(value)]
     paths = {m: resolve(m) for m in models}
     runs = core.instances(models, tests, axes, sparse=sparse)
