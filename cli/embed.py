@@ -4,7 +4,6 @@ sequences; pooled with the model's pooling type or --pooling; normalized as --em
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -55,8 +54,8 @@ def embed(
     if pooling == "auto" and not lm.hparams.pooling:
         raise InvalidInputError(f"{lm.name} ({lm.arch}) has no pooling type: give --pooling mean or last "
                                 "(or none for one vector per token)")
-    ctx = _context(lm, params)
-    tokens = [_tokenize(lm, text, i, ctx.params.n_batch) for i, text in enumerate(inputs)]
+    ctx = Context(lm, params)
+    tokens = [_tokenize(lm, text, i, ctx.prompt_batch) for i, text in enumerate(inputs)]
     with progress_display() as progress:
         task = progress.add_task(f"embedding {len(inputs)} inputs", total=len(inputs))
         vectors = embed_inputs(ctx, tokens, on_batch=lambda n: progress.advance(task, n))
@@ -66,14 +65,6 @@ def embed(
     labels = inputs if ctx.pooling != "none" else []
     sys.stdout.write(format_embeddings(vectors, output_format, embd_normalize == 0, labels))
     sys.stdout.flush()
-
-
-def _context(lm, params) -> Context:
-    """The context (it caps -b at the context size, and -ub at -b); an encoder's batches at -ub."""
-    ctx = Context(lm, params)
-    if ctx.kind == "encoder" and ctx.params.n_ubatch < ctx.params.n_batch:
-        return Context(lm, replace(params, n_batch=ctx.params.n_ubatch))
-    return ctx
 
 
 def _inputs(texts: list[str], file: Path | None, separator: str) -> list[str]:

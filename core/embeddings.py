@@ -67,7 +67,7 @@ def embed_inputs(ctx, inputs: list[list[int]], on_batch=None) -> list[np.ndarray
     context's sequences allow, the memory cleared before each batch. Returns one pooled vector per
     input, or with pooling none one (n_tokens, n_embd) array per input. `on_batch(n_inputs)` sees
     each batch done."""
-    n_batch, n_seq = ctx.params.n_batch, ctx.params.n_seq_max
+    n_batch, n_seq = ctx.prompt_batch, ctx.params.n_seq_max  # an encoder takes a batch in one micro-batch
     results: list[np.ndarray] = []
     start = 0
     while start < len(inputs):

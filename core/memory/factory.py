@@ -12,6 +12,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..backend import default_cache_type
 from ..errors import InvalidInputError
 from .base import Memory
 from .iswa import KVCacheISWA, swa_cache_size
@@ -32,8 +33,8 @@ class MemoryParams:
     n_ctx: int = 0
     n_ubatch: int = 512
     n_seq_max: int = 1
-    type_k: str = "f16"  # as the CLI and llama.cpp (default_cache_type)
-    type_v: str = "f16"
+    type_k: str = field(default_factory=lambda: default_cache_type("cpu"))  # as the CLI: f16, as llama.cpp
+    type_v: str = field(default_factory=lambda: default_cache_type("cpu"))
     swa_full: bool = False
     kv: str = "auto"
     ctx: str = "auto"

@@ -40,8 +40,6 @@ class KVStorage:
         self.type_name, self.dim = type_name, dim
         self.on_write = None  # called with (streams, cells) after rows change (block bounds listen)
         self.qtype = BLOCK_TYPES.get(type_name)
-        if self.qtype is not None and self.xp is not np:
-            raise InvalidInputError(f"cache type {type_name} is not supported on the GPU yet (f32 and f16 are)")
         if self.qtype is None:
             self.data = self.xp.zeros((n_stream, kv_size, dim), dtype=FLOAT_TYPES[type_name])
         else:
