@@ -204,7 +204,7 @@ def test_vector_kernels_widen_halves_in_integers_without_f16c(monkeypatch):
     negative, zero and infinite values."""
     from numba import njit
 
-    from llmsuite.core.backend.cpu import attention
+    from llmsuite.core.backend.cpu import attention, ir
 
     rng = np.random.default_rng(5)
     raw = np.ascontiguousarray(random_weight(rng, "Q4_1", 48, 256)).reshape(48, -1).view(np.uint8)
@@ -217,8 +217,8 @@ def test_vector_kernels_widen_halves_in_integers_without_f16c(monkeypatch):
     q = rng.standard_normal((2, 32)).astype(np.float32)
     cells = np.arange(6, dtype=np.int32)
 
-    monkeypatch.setattr(matvec_float, "HAS_F16C", False)  # read when an intrinsic is compiled
-    dot = matvec_float.row_dot(20, 32, matvec_float._q4_1)
+    monkeypatch.setattr(ir, "HAS_F16C", False)  # read when an intrinsic is compiled
+    dot = matvec_float.row_dot("Q4_1", matvec_float._q4_1)
     scores = attention._scores_intrinsic(2)
 
     @njit

@@ -20,7 +20,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .matvec_float import I32, I64, LANES, VF32, fma, reduce_add, splat, widen_halves
+from .cache import cached, parallel_and_serial
+from .ir import I32, I64, LANES, VF32, arrays, fma, reduce_add, splat, widen_halves
 from .scalar import FAST, as_f32, fast_exp
 
 # Cells per chunk of attend_rows: a whole number of chunks per task (two tasks per thread) where
@@ -28,10 +29,10 @@ from .scalar import FAST, as_f32, fast_exp
 ATTN_CHUNK_MIN, ATTN_CHUNK_MAX = 64, 512
 
 
-# ---- vector-coded cache reads (LLVM IR, like matvec_float's row dots) --------------------------------
+# ---- vector-coded cache reads (LLVM IR, like matvec_float's row dots) ---------------------------
 # A cache row's head segment is read 16 values at a time; segments whose length is not a multiple
 # of 16 take the plain loops in _attend_chunk instead. (numba's disk cache does not see edits to
-# vkernels.py's helpers used here: clear __pycache__ after changing them.)
+# ir.py's helpers used here: clear __pycache__ after changing them.)
 
 VI16 = ir.VectorType(ir.IntType(16), LANES)
 
@@ -88,6 +89,14 @@ def _row_ptr(builder, arr, row):
     return builder.gep(arr.data, [builder.mul(row, builder.extract_value(arr.shape, 1))])
 
 
+def _group_arrays(context, builder, sig, args, n_heads: int):
+    """The arrays of a call (out, a, h0, rows, cells, j0, j1, col) of the intrinsics below: out and
+    a with the pointers to their rows h0 .. h0 + n_heads - 1, then rows and cells."""
+    out, a, rows, cells = arrays(context, builder, [sig.args[i] for i in (0, 1, 3, 4)], [args[i] for i in (0, 1, 3, 4)])
+    heads = [builder.add(args[2], ir.Constant(I64, g)) for g in range(n_heads)]
+    return out, a, [_row_ptr(builder, out, h) for h in heads], [_row_ptr(builder, a, h) for h in heads], rows, cells
+
+
 def _scores_intrinsic(n_heads: int):
     @intrinsic
     def scores_into(typingctx, s, q, h0, rows, cells, j0, j1, col):
@@ -95,12 +104,8 @@ def _scores_intrinsic(n_heads: int):
         [j0, j1), D = q.shape[1] a multiple of 16; rows f32 or f16 bits (uint16), C-contiguous.
         Each K slice is widened once for the heads; four cells' dots run side by side."""
         def codegen(context, builder, sig, args):
-            s_arr, q_arr = (context.make_array(t)(context, builder, a) for t, a in zip(sig.args[:2], args[:2]))
-            r_arr, c_arr = (context.make_array(t)(context, builder, a) for t, a in zip(sig.args[3:5], args[3:5]))
-            h0_, j0_, j1_, col_ = args[2], args[5], args[6], args[7]
-            heads = [builder.add(h0_, ir.Constant(I64, g)) for g in range(n_heads)]
-            q_rows = [_row_ptr(builder, q_arr, h) for h in heads]
-            s_rows = [_row_ptr(builder, s_arr, h) for h in heads]
+            s_arr, q_arr, s_rows, q_rows, r_arr, c_arr = _group_arrays(context, builder, sig, args, n_heads)
+            j0_, j1_, col_ = args[5:8]
             n16 = builder.udiv(builder.extract_value(q_arr.shape, 1), ir.Constant(I64, LANES))
             n_steps = builder.udiv(builder.sub(j1_, j0_), ir.Constant(I64, CELLS_PER_STEP))
             dtype = sig.args[3].dtype
@@ -109,7 +114,7 @@ def _scores_intrinsic(n_heads: int):
                 bases = [_cell_base(builder, r_arr, c_arr, builder.add(first, ir.Constant(I64, i)), col_)
                          for i in range(count)]
                 accs = [[cgutils.alloca_once_value(builder, ir.Constant(VF32, None)) for _ in range(count)]
-                        for _ in heads]
+                        for _ in q_rows]
                 with cgutils.for_range(builder, n16) as loop:
                     off = builder.mul(loop.index, ir.Constant(I64, LANES))
                     keys = [_load_values(builder, r_arr.data, builder.add(base, off), dtype) for base in bases]
@@ -148,12 +153,8 @@ def _values_intrinsic(n_heads: int):
         for g < n_heads, Dv = acc.shape[1] a multiple of 16. The output rows are held in registers,
         a few slices at a time, and each V slice is widened once for the heads."""
         def codegen(context, builder, sig, args):
-            a_arr, p_arr = (context.make_array(t)(context, builder, a) for t, a in zip(sig.args[:2], args[:2]))
-            r_arr, c_arr = (context.make_array(t)(context, builder, a) for t, a in zip(sig.args[3:5], args[3:5]))
-            h0_, j0_, j1_, col_ = args[2], args[5], args[6], args[7]
-            heads = [builder.add(h0_, ir.Constant(I64, g)) for g in range(n_heads)]
-            a_rows = [_row_ptr(builder, a_arr, h) for h in heads]
-            p_rows = [_row_ptr(builder, p_arr, h) for h in heads]
+            a_arr, p_arr, a_rows, p_rows, r_arr, c_arr = _group_arrays(context, builder, sig, args, n_heads)
+            j0_, j1_, col_ = args[5:8]
             n16 = builder.udiv(builder.extract_value(a_arr.shape, 1), ir.Constant(I64, LANES))
             n_passes = builder.udiv(n16, ir.Constant(I64, SLICES_PER_PASS))
             dtype = sig.args[3].dtype
@@ -191,32 +192,21 @@ scores_1, scores_2, scores_3, scores_4 = (_scores_intrinsic(n) for n in range(1,
 values_1, values_2, values_3, values_4 = (_values_intrinsic(n) for n in range(1, MAX_GROUP + 1))
 
 
-# numba cannot pick an intrinsic from a tuple at run time: one branch per group size
 @njit(inline="always")
-def _group_scores(s, q, h0, n, rows, cells, j0, j1, col):
+def _for_group(ops, n, out, a, h0, rows, cells, j0, j1, col):
+    """ops[n - 1](out, a, ...) for a group of n query heads, ops the intrinsics for 1..MAX_GROUP
+    heads (numba cannot pick an intrinsic from a tuple at run time: one branch per group size)."""
     if n == 4:
-        scores_4(s, q, h0, rows, cells, j0, j1, col)
+        ops[3](out, a, h0, rows, cells, j0, j1, col)
     elif n == 3:
-        scores_3(s, q, h0, rows, cells, j0, j1, col)
+        ops[2](out, a, h0, rows, cells, j0, j1, col)
     elif n == 2:
-        scores_2(s, q, h0, rows, cells, j0, j1, col)
+        ops[1](out, a, h0, rows, cells, j0, j1, col)
     else:
-        scores_1(s, q, h0, rows, cells, j0, j1, col)
+        ops[0](out, a, h0, rows, cells, j0, j1, col)
 
 
-@njit(inline="always")
-def _group_values(acc, p, h0, n, rows, cells, j0, j1, col):
-    if n == 4:
-        values_4(acc, p, h0, rows, cells, j0, j1, col)
-    elif n == 3:
-        values_3(acc, p, h0, rows, cells, j0, j1, col)
-    elif n == 2:
-        values_2(acc, p, h0, rows, cells, j0, j1, col)
-    else:
-        values_1(acc, p, h0, rows, cells, j0, j1, col)
-
-
-@njit(cache=True)
+@cached()
 def kept_cells(mask):
     """Each row's finite mask columns, in ascending order: (cells (T, n) padded with 0, count (T,))."""
     T, N = mask.shape
@@ -230,7 +220,7 @@ def kept_cells(mask):
     return cells[:, :max(1, count.max())], count
 
 
-@njit(cache=True)
+@cached()
 def _chunk_plan(mask, n_tasks, H, Dv):
     """The kept cells of each row, cut into about n_tasks chunks, and each chunk's running max,
     sum and weighted values per query row and head."""
@@ -246,7 +236,14 @@ def _chunk_plan(mask, n_tasks, H, Dv):
     return cells, count, chunk, chunk_max, chunk_sum, chunk_acc
 
 
-@njit(fastmath=FAST, cache=True)
+@njit(inline="always")
+def _widen(rows, c, col, n, out):
+    """rows[c, col:col + n] (f32, or f16 bits) as float32 into out[:n]."""
+    for d in range(n):
+        out[d] = as_f32(rows[c, col + d])
+
+
+@cached(fastmath=FAST)
 def _attend_chunk(ci, chunk, q, k, v, mask, cells, count, scale, softcap, slopes, chunk_max, chunk_sum, chunk_acc):
     """One chunk of every row: scores, the chunk's softmax numerators, weighted values. With head
     sizes that are multiples of 16 the cache reads are vector-coded (scores_*, values_*: the query
@@ -270,13 +267,12 @@ def _attend_chunk(ci, chunk, q, k, v, mask, cells, count, scale, softcap, slopes
         if vector:  # a KV head's query heads, up to MAX_GROUP at a time
             for h0 in range(0, H, G):
                 for g0 in range(0, G, MAX_GROUP):
-                    _group_scores(s, q[t], h0 + g0, min(MAX_GROUP, G - g0), k, kept, j0, j1, (h0 // G) * D)
+                    _for_group((scores_1, scores_2, scores_3, scores_4), min(MAX_GROUP, G - g0), s, q[t], h0 + g0, k, kept,
+                               j0, j1, (h0 // G) * D)
         else:
             for j in range(j0, j1):
-                c = kept[j]
                 for hk in range(Hkv):
-                    for d in range(D):
-                        row[d] = as_f32(k[c, hk * D + d])
+                    _widen(k, kept[j], hk * D, D, row)
                     for h in range(hk * G, hk * G + G):
                         acc = np.float32(0)
                         for d in range(D):
@@ -311,45 +307,19 @@ def _attend_chunk(ci, chunk, q, k, v, mask, cells, count, scale, softcap, slopes
         if vector:
             for h0 in range(0, H, G):
                 for g0 in range(0, G, MAX_GROUP):
-                    _group_values(chunk_acc[ci, t], s, h0 + g0, min(MAX_GROUP, G - g0), v, kept, j0, j1, (h0 // G) * Dv)
+                    _for_group((values_1, values_2, values_3, values_4), min(MAX_GROUP, G - g0), chunk_acc[ci, t], s,
+                               h0 + g0, v, kept, j0, j1, (h0 // G) * Dv)
         else:
             for j in range(j0, j1):
-                c = kept[j]
                 for hk in range(Hkv):
-                    for d in range(Dv):
-                        row[d] = as_f32(v[c, hk * Dv + d])
+                    _widen(v, kept[j], hk * Dv, Dv, row)
                     for h in range(hk * G, hk * G + G):
                         p = s[h, j - j0]
                         for d in range(Dv):
                             chunk_acc[ci, t, h, d] += p * row[d]
 
 
-@njit(fastmath=FAST, cache=True, parallel=True)
-def attend_rows(q, k, v, mask, scale, softcap, slopes, sinks, use_sinks, n_tasks, out):
-    """out (T, H, Dv) = softmax(softcap(q·kᵀ·scale) + slope·mask)·v for q (T, H, D) f32 and cache
-    rows k (N, Hkv·D), v (N, Hkv·Dv) as float32 or f16 bits (uint16); mask (T, N); slopes (H,);
-    sinks (H,) join each head's softmax when use_sinks. A fully masked row gives zeros.
-
-    Only the cells a row keeps are visited: the finite columns are listed first and the list is
-    cut into chunks of `chunk` cells, so a sparse mask costs what it keeps and every task gets
-    the same work however the kept cells lie: about `n_tasks` chunks, each of ATTN_CHUNK_MIN to
-    ATTN_CHUNK_MAX cells."""
-    cells, count, chunk, chunk_max, chunk_sum, chunk_acc = _chunk_plan(mask, n_tasks, q.shape[1], out.shape[2])
-    for ci in prange(chunk_max.shape[0]):
-        _attend_chunk(ci, chunk, q, k, v, mask, cells, count, scale, softcap, slopes, chunk_max, chunk_sum, chunk_acc)
-    _merge_chunks(chunk_max, chunk_sum, chunk_acc, sinks, use_sinks, out)
-
-
-@njit(fastmath=FAST, cache=True)
-def attend_rows_serial(q, k, v, mask, scale, softcap, slopes, sinks, use_sinks, n_tasks, out):
-    """attend_rows on one thread, for short caches (one chunk)."""
-    cells, count, chunk, chunk_max, chunk_sum, chunk_acc = _chunk_plan(mask, n_tasks, q.shape[1], out.shape[2])
-    for ci in range(chunk_max.shape[0]):
-        _attend_chunk(ci, chunk, q, k, v, mask, cells, count, scale, softcap, slopes, chunk_max, chunk_sum, chunk_acc)
-    _merge_chunks(chunk_max, chunk_sum, chunk_acc, sinks, use_sinks, out)
-
-
-@njit(fastmath=FAST, cache=True)
+@cached(fastmath=FAST)
 def _merge_chunks(chunk_max, chunk_sum, chunk_acc, sinks, use_sinks, out):
     n_chunks, T, H, Dv = chunk_acc.shape
     for t in range(T):
@@ -376,9 +346,28 @@ def _merge_chunks(chunk_max, chunk_sum, chunk_acc, sinks, use_sinks, out):
                 out[t, h, d] /= total
 
 
+def attend_rows(q, k, v, mask, scale, softcap, slopes, sinks, use_sinks, n_tasks, out):
+    """out (T, H, Dv) = softmax(softcap(q·kᵀ·scale) + slope·mask)·v for q (T, H, D) f32 and cache
+    rows k (N, Hkv·D), v (N, Hkv·Dv) as float32 or f16 bits (uint16); mask (T, N); slopes (H,);
+    sinks (H,) join each head's softmax when use_sinks. A fully masked row gives zeros.
+
+    Only the cells a row keeps are visited: the finite columns are listed first and the list is
+    cut into chunks of `chunk` cells, so a sparse mask costs what it keeps and every task gets
+    the same work however the kept cells lie: about `n_tasks` chunks, each of ATTN_CHUNK_MIN to
+    ATTN_CHUNK_MAX cells."""
+    cells, count, chunk, chunk_max, chunk_sum, chunk_acc = _chunk_plan(mask, n_tasks, q.shape[1], out.shape[2])
+    for ci in prange(chunk_max.shape[0]):
+        _attend_chunk(ci, chunk, q, k, v, mask, cells, count, scale, softcap, slopes, chunk_max, chunk_sum, chunk_acc)
+    _merge_chunks(chunk_max, chunk_sum, chunk_acc, sinks, use_sinks, out)
+
+
+# the serial twin for short caches (one chunk)
+attend_rows, attend_rows_serial = parallel_and_serial(attend_rows, fastmath=FAST)
+
+
 # ---- a prompt tile's online-softmax step (the matmuls around it are BLAS) ---------------------
 
-@njit(fastmath=FAST, cache=True)
+@cached(fastmath=FAST)
 def softmax_block(s, mask, scale, softcap, slopes, m, l, alpha):
     """One key block of a query tile, for flash attention's online softmax: s (B, N) raw q·k
     scores of B = H·R rows (head-major, R = mask rows), mask (R, N), slopes (H,); m, l, alpha (B,)
@@ -411,7 +400,7 @@ def softmax_block(s, mask, scale, softcap, slopes, m, l, alpha):
 
 # ---- block top-k (memory/masks.py's BlockTopK and BlockBounds, fused for the CPU) -------------
 
-@njit(fastmath=FAST, cache=True)
+@cached(fastmath=FAST)
 def _topk_row(t, q, base, pos, cell_pos, lo, hi, topk, block, local, out):
     """One row of block_topk_mask."""
     H, D = q.shape[1], q.shape[2]
@@ -468,7 +457,6 @@ def _topk_row(t, q, base, pos, cell_pos, lo, hi, topk, block, local, out):
             out[t, c] = base[t, c] if keep else -np.inf
 
 
-@njit(fastmath=FAST, cache=True, parallel=True)
 def block_topk_mask(q, base, pos, cell_pos, lo, hi, topk, block, local, out):
     """out (T, N) = base (T, N) with the cells each row drops set to -inf, as BlockTopK does it:
     a row that sees ≤ topk cells keeps them all; else it keeps its first visible block (the
@@ -480,14 +468,11 @@ def block_topk_mask(q, base, pos, cell_pos, lo, hi, topk, block, local, out):
         _topk_row(t, q, base, pos, cell_pos, lo, hi, topk, block, local, out)
 
 
-@njit(fastmath=FAST, cache=True)
-def block_topk_mask_serial(q, base, pos, cell_pos, lo, hi, topk, block, local, out):
-    """block_topk_mask for a decoded row or two: one thread (waking the pool costs more)."""
-    for t in range(q.shape[0]):
-        _topk_row(t, q, base, pos, cell_pos, lo, hi, topk, block, local, out)
+# the serial twin for a decoded row or two (waking the pool costs more)
+block_topk_mask, block_topk_mask_serial = parallel_and_serial(block_topk_mask, fastmath=FAST)
 
 
-@njit(cache=True)
+@cached()
 def refresh_block_bounds(keys, cell_pos, seen_pos, stale, block, n_blocks, lo, hi):
     """Bring the block bounds lo, hi (n_blocks_total, W) of one stream up to date: a block is
     stale when marked so (a key write) or when one of its cells changed position since

@@ -8,7 +8,7 @@ reference of every op are in core/ops.py; `llm test-ops -b cpu` checks this file
 from __future__ import annotations
 
 import importlib
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -707,20 +707,15 @@ def _kernel_module(name: str, what: str):
         raise LLMError(f"the cpu backend needs numba for its {what} kernels ({e}); pip install numba") from None
 
 
-def matvec_float():
-    return _kernel_module("matvec_float", "quantized")
-
-
-def dequant():
-    return _kernel_module("dequant", "quantized")
-
-
-def attention():
-    return _kernel_module("attention", "attention")
-
-
-def rowwise():
-    return _kernel_module("rowwise", "row")
+# the kernel modules by role: matvec_float() is core.backend.cpu.matvec_float, and so on
+matvec_float = partial(_kernel_module, "matvec_float", "quantized")
+dequant = partial(_kernel_module, "dequant", "quantized")
+matvec_int = partial(_kernel_module, "matvec_int", "integer (--numerics ggml)")
+q8 = partial(_kernel_module, "q8", "q8 rounding (--numerics ggml)")
+gemm_int8 = partial(_kernel_module, "gemm_int8", "8-bit GEMM (--numerics ggml)")
+attention = partial(_kernel_module, "attention", "attention")
+rowwise = partial(_kernel_module, "rowwise", "row")
+ssm = partial(_kernel_module, "ssm", "state-space")
 
 
 @lru_cache(maxsize=1)
@@ -747,22 +742,6 @@ def rounding_family(qtype: int):
     """Which rounding ggml-cpu gives the activations of a `qtype` weight: q8 blocks of 32, q8_K
     blocks of 256, or one of its own (f16, bf16, none)."""
     return "q8_32" if qtype in QUANT_32_TYPES else "q8_k" if qtype in QUANT_K_TYPES else qtype
-
-
-def matvec_int():
-    return _kernel_module("matvec_int", "integer (--numerics ggml)")
-
-
-def q8():
-    return _kernel_module("q8", "q8 rounding (--numerics ggml)")
-
-
-def gemm_int8():
-    return _kernel_module("gemm_int8", "8-bit GEMM (--numerics ggml)")
-
-
-def ssm():
-    return _kernel_module("ssm", "state-space")
 
 
 @lru_cache(maxsize=1)

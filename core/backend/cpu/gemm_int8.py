@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import os
 
-import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -41,18 +40,20 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ...errors import LLMError
-from .matvec_float import F32, I8, I32, I64, _contiguous, as_parts, reduce_add
-from .matvec_int import KBlock, _bytes, _call, _k_scale_min
-from .q8 import quantize_q8, quantize_q8_k
+from .blocks import block_size, each_block, k_codes, k_scale_min, q6_k_codes
+from .cache import per_type
+from .ir import F32, FEATURES, I8, I32, I64, arrays, call, contiguous, fma, reduce_add
+from .matvec import as_parts, count_tasks, task_rows
+from .matvec_int import IBlock
+from .q8 import q8_blocks, q8_k_blocks
 
-_FEATURES = llvm.get_host_cpu_features()
 # path: (lanes, weight rows R, activation rows C per micro-kernel). R·C int32 and R·C float
 # accumulators; on AVX-512 4 × 4 measured fastest although the float ones then live on the stack.
 SHAPES = {"vnni512": (16, 4, 4), "vnni256": (8, 2, 3), "avx2": (8, 2, 3)}
 
 
 def native_isa() -> str | None:
-    f = _FEATURES
+    f = FEATURES
     if f.get("avx512vnni") and f.get("avx512bw") and f.get("avx512f"):
         return "vnni512"
     if f.get("avxvnni") or (f.get("avx512vnni") and f.get("avx512vl")):
@@ -102,26 +103,26 @@ class TileRow:
             b.store(minimum, b.gep(self.mins, [unit]))
 
 
-def unpack_row(block_bytes: int, units_per_block: int, unit_values: int, emit_block):
-    """A numba intrinsic `unpack(row, codes, scales, mins)`: one weight row (uint8 blocks) into a
-    tile row. `emit_block(e, put)` decodes one block (e: matvec_int.KBlock for the block's bytes)
-    and calls put(unit index in the block, codes, scale, min)."""
+def unpack_row(name: str, unit_values: int, emit_block):
+    """A numba intrinsic `unpack(row, codes, scales, mins)`: one weight row (uint8 blocks of GGUF
+    type `name`) into a tile row of units of `unit_values`. `emit_block(e, put)` decodes one block
+    (e: a matvec_int.IBlock over the block's bytes) and calls put(unit index in the block, codes,
+    scale, min)."""
+    block_values, block_bytes = block_size(name)
+    units_per_block = block_values // unit_values
 
     @intrinsic
     def unpack(typingctx, row, codes, scales, mins):
-        if not (_contiguous(row, types.uint8) and _contiguous(codes, types.uint8)
-                and _contiguous(scales, types.float32) and _contiguous(mins, types.float32)):
+        if not (contiguous(row, types.uint8) and contiguous(codes, types.uint8)
+                and contiguous(scales, types.float32) and contiguous(mins, types.float32)):
             return None
 
         def codegen(context, builder, signature, args):
-            row_a, codes_a, scales_a, mins_a = (context.make_array(t)(context, builder, a)
-                                                for t, a in zip(signature.args, args))
+            row_a, codes_a, scales_a, mins_a = arrays(context, builder, signature.args, args)
             out = TileRow(builder, codes_a.data, scales_a.data, mins_a.data, unit_values)
             n_blocks = builder.udiv(builder.extract_value(row_a.shape, 0), ir.Constant(I64, block_bytes))
-            with cgutils.for_range(builder, n_blocks) as loop:
-                at = builder.mul(loop.index, ir.Constant(I64, block_bytes))
-                first = builder.mul(loop.index, ir.Constant(I64, units_per_block))
-                e = KBlock(builder, row_a.data, None, None, None, at, None, loop.index, None, None)
+            with each_block(builder, n_blocks, block_bytes, units_per_block) as (index, at, first):
+                e = IBlock(builder, row_a.data, None, None, None, at, None, index, None, None)
 
                 def put(j, values, scale, minimum=None):
                     out.put(builder.add(first, ir.Constant(I64, j)), values, scale, minimum)
@@ -155,29 +156,24 @@ def _q5_1(e, put):
 
 
 def _q8_0(e, put):
-    codes = e.weight_bytes(2, ir.VectorType(I8, 32))
-    put(0, codes if Q8_0_SIGNED else e.b.xor(codes, _bytes(0x80)), e.half(0))
+    codes = e.bytes(2)
+    put(0, codes if Q8_0_SIGNED else e.b.xor(codes, e.lanes(0x80)), e.half(0))
 
 
-def _k_units(e, put, qh_at):
+def _k_units(e, put, q5: bool):
     """Q4_K/Q5_K: sub-block j's codes with scale d·sc_j and min −dmin·m_j."""
     b, d, dmin = e.b, e.half(0), e.half(2)
     for j in range(8):
-        sc, mn = _k_scale_min(e, j)
-        raw = e.weight_bytes(16 + 32 * (j // 2) + (0 if qh_at is None else 32), ir.VectorType(I8, 32))
-        codes = b.and_(b.lshr(raw, _bytes(4 * (j % 2))), _bytes(15))
-        if qh_at is not None:
-            high = b.and_(b.lshr(e.weight_bytes(qh_at, ir.VectorType(I8, 32)), _bytes(j)), _bytes(1))
-            codes = b.or_(codes, b.shl(high, _bytes(4)))
-        put(j, codes, b.fmul(d, _to_float(e, sc)), b.fneg(b.fmul(dmin, _to_float(e, mn))))
+        sc, mn = k_scale_min(e, j)
+        put(j, k_codes(e, j, q5), b.fmul(d, _to_float(e, sc)), b.fneg(b.fmul(dmin, _to_float(e, mn))))
 
 
 def _q4_k(e, put):
-    _k_units(e, put, None)
+    _k_units(e, put, q5=False)
 
 
 def _q5_k(e, put):
-    _k_units(e, put, 16)
+    _k_units(e, put, q5=True)
 
 
 def _q6_k(e, put):
@@ -185,26 +181,15 @@ def _q6_k(e, put):
     b, d = e.b, e.half(208)
     for n in range(2):
         for k in range(4):
-            low = b.and_(b.lshr(e.weight_bytes(64 * n + 32 * (k % 2), ir.VectorType(I8, 32)), _bytes(4 * (k // 2))),
-                         _bytes(15))
-            high = b.shl(b.and_(b.lshr(e.weight_bytes(128 + 32 * n, ir.VectorType(I8, 32)), _bytes(2 * k)), _bytes(3)),
-                         _bytes(4))
-            codes = b.or_(low, high)
+            codes = q6_k_codes(e, n, k)
             for h in range(2):
                 unit = 8 * n + 2 * k + h
                 half = b.shuffle_vector(codes, codes, ir.Constant(ir.VectorType(I32, 16), list(range(16 * h, 16 * h + 16))))
-                scale = b.sext(b.load(e._ptr(e.row, (e.at, 192 + unit), I8)), I32)
-                put(unit, half, b.fmul(d, _to_float(e, scale)))
+                put(unit, half, b.fmul(d, _to_float(e, e.signed_byte(192 + unit))))
 
 
-unpack_q4_0 = unpack_row(18, 1, 32, _q4_0)
-unpack_q4_1 = unpack_row(20, 1, 32, _q4_1)
-unpack_q5_0 = unpack_row(22, 1, 32, _q5_0)
-unpack_q5_1 = unpack_row(24, 1, 32, _q5_1)
-unpack_q8_0 = unpack_row(34, 1, 32, _q8_0)
-unpack_q4_k = unpack_row(144, 8, 32, _q4_k)
-unpack_q5_k = unpack_row(176, 8, 32, _q5_k)
-unpack_q6_k = unpack_row(210, 16, 16, _q6_k)
+EMIT = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q8_0": _q8_0, "Q4_K": _q4_k, "Q5_K": _q5_k,
+        "Q6_K": _q6_k}
 
 
 # ---- the micro-kernel: R tile rows × C activation rows over the whole width ---------------------
@@ -213,15 +198,15 @@ def _dot(builder, acc, w, x, signed_weights: bool):
     """acc + the 4-byte dots of u8 w and s8 x, lane by lane (int32 lanes)."""
     n = acc.type.count
     if signed_weights:  # |w| against x with w's sign, as ggml's mul_sum_i8_pairs
-        x = _call(builder, "llvm.x86.avx2.psign.b", x.type, [x, w])
-        w = _call(builder, "llvm.abs.v32i8", w.type, [w, ir.Constant(ir.IntType(1), 0)])
+        x = call(builder, "llvm.x86.avx2.psign.b", x.type, [x, w])
+        w = call(builder, "llvm.abs.v32i8", w.type, [w, ir.Constant(ir.IntType(1), 0)])
     if ISA == "avx2":
-        pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(ir.IntType(16), 16), [w, x])
-        quads = _call(builder, "llvm.x86.avx2.pmadd.wd", acc.type, [pairs, ir.Constant(pairs.type, [1] * 16)])
+        pairs = call(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(ir.IntType(16), 16), [w, x])
+        quads = call(builder, "llvm.x86.avx2.pmadd.wd", acc.type, [pairs, ir.Constant(pairs.type, [1] * 16)])
         return builder.add(acc, quads)
     words = ir.VectorType(I32, n)
     name = "llvm.x86.avx512.vpdpbusd.512" if n == 16 else "llvm.x86.avx512.vpdpbusd.256"
-    return _call(builder, name, words, [acc, builder.bitcast(w, words), builder.bitcast(x, words)])
+    return call(builder, name, words, [acc, builder.bitcast(w, words), builder.bitcast(x, words)])
 
 
 def tile_dot(unit_values: int, with_mins: bool, with_offset: bool, signed_weights: bool = False):
@@ -235,9 +220,9 @@ def tile_dot(unit_values: int, with_mins: bool, with_offset: bool, signed_weight
 
     @intrinsic
     def dot(typingctx, codes, scales, mins, r0, xq, sx, xo, xinit, i0, res):
-        if not (_contiguous(codes, types.uint8) and _contiguous(xq, types.int8)
-                and all(_contiguous(a, types.float32) for a in (scales, mins, sx, xo, res))
-                and _contiguous(xinit, types.int32)):
+        if not (contiguous(codes, types.uint8) and contiguous(xq, types.int8)
+                and all(contiguous(a, types.float32) for a in (scales, mins, sx, xo, res))
+                and contiguous(xinit, types.int32)):
             return None
 
         def codegen(context, builder, signature, args):
@@ -280,10 +265,9 @@ def tile_dot(unit_values: int, with_mins: bool, with_offset: bool, signed_weight
                 for c in range(C):
                     sx, xo = load(sx_rows[c], unit0, vf), (load(xo_rows[c], unit0, vf) if with_mins else None)
                     for r in range(R):
-                        total = _call(b, f"llvm.fma.v{lanes}f32", vf,
-                                      [b.sitofp(acc[r][c], vf), b.fmul(sw[r], sx), b.load(sums[r][c])])
+                        total = fma(b, b.sitofp(acc[r][c], vf), b.fmul(sw[r], sx), b.load(sums[r][c]))
                         if with_mins:
-                            total = _call(b, f"llvm.fma.v{lanes}f32", vf, [mw[r], xo, total])
+                            total = fma(b, mw[r], xo, total)
                         b.store(total, sums[r][c])
             res_a = context.make_array(signature.args[9])(context, b, args[9])
             for c in range(C):
@@ -338,10 +322,7 @@ def prepare_q8_32(x, offset):
     n, n_in = x.shape
     xq, sx, xo, xinit = _activation_arrays(x, 32)
     for i in prange(n):
-        q = np.empty((1, n_in), np.int8)
-        d = np.empty((1, n_in // 32), np.float32)
-        s = np.empty((1, n_in // 32), np.float32)
-        quantize_q8(x[i:i + 1], q, d, s)
+        q, d, s = q8_blocks(x[i:i + 1])
         _interleave(q[0], 32, xq[i])
         for u in range(n_in // 32):
             total = 0
@@ -359,10 +340,7 @@ def prepare_q8_k(x, unit_values, offset):
     xq, sx, xo, xinit = _activation_arrays(x, unit_values)
     sums_per_unit = unit_values // 16
     for i in prange(n):
-        q = np.empty((1, n_in), np.int8)
-        d = np.empty((1, n_in // 256), np.float32)
-        bsums = np.empty((1, n_in // 16), np.int32)
-        quantize_q8_k(x[i:i + 1], q, d, bsums)
+        q, d, bsums = q8_k_blocks(x[i:i + 1])
         _interleave(q[0], unit_values, xq[i])
         for u in range(n_in // unit_values):
             total = 0
@@ -402,18 +380,10 @@ def _gemm(w, acts, out, first, tasks, unpack, dot):
     for p in range(len(parts)):
         n_rows += parts[p].shape[0]
     tile = _tile_rows(width, n_rows, tasks)
-    n_tasks = 0
-    for p in range(len(parts)):
-        n_tasks += (parts[p].shape[0] + tile - 1) // tile
-    for task in prange(n_tasks):
-        p, col, t = 0, first, task + 0
-        while t >= (parts[p].shape[0] + tile - 1) // tile:
-            t -= (parts[p].shape[0] + tile - 1) // tile
-            col += parts[p].shape[0]
-            p += 1
-        part = parts[p]
-        r0 = t * tile
-        n_here = min(tile, part.shape[0] - r0)
+    for task in prange(count_tasks(parts, tile)):
+        part, col, r0, r1 = task_rows(parts, task, tile)
+        col += first
+        n_here = r1 - r0
         codes = np.zeros((tile, width), np.uint8)
         scales = np.zeros((tile, n_units), np.float32)
         mins = np.zeros((tile, n_units), np.float32)
@@ -428,46 +398,32 @@ def _gemm(w, acts, out, first, tasks, unpack, dot):
                         out[i0 + c, col + r0 + rr + r] = res[c * R + r]
 
 
-# numba caches top-level functions only: one per type
-
-@njit(parallel=True, cache=CACHE)
-def gemm_q4_0(w, x, out, first, tasks):
-    _gemm(w, prepare_q8_32(x, 8), out, first, tasks, unpack_q4_0, dot_plain)
+UNIT = OFFSET = UNPACK = DOT = None  # each kernel's own, in its copy of a template (cache.per_type)
 
 
-@njit(parallel=True, cache=CACHE)
-def gemm_q4_1(w, x, out, first, tasks):
-    _gemm(w, prepare_q8_32(x, 0), out, first, tasks, unpack_q4_1, dot_mins)
+def _gemm_q8_32(w, x, out, first, tasks):
+    """The 32-value block types, against q8_1 blocks."""
+    _gemm(w, prepare_q8_32(x, OFFSET), out, first, tasks, UNPACK, DOT)
 
 
-@njit(parallel=True, cache=CACHE)
-def gemm_q5_0(w, x, out, first, tasks):
-    _gemm(w, prepare_q8_32(x, 16), out, first, tasks, unpack_q5_0, dot_plain)
+def _gemm_q8_k(w, x, out, first, tasks):
+    """The K-quants, against q8_K blocks in units of UNIT values."""
+    _gemm(w, prepare_q8_k(x, UNIT, OFFSET), out, first, tasks, UNPACK, DOT)
 
 
-@njit(parallel=True, cache=CACHE)
-def gemm_q5_1(w, x, out, first, tasks):
-    _gemm(w, prepare_q8_32(x, 0), out, first, tasks, unpack_q5_1, dot_mins)
+# per type: units of 32 or 16 values, the codes' constant offset, the micro-kernel
+LAYOUTS = {"Q4_0": (32, 8, dot_plain), "Q4_1": (32, 0, dot_mins), "Q5_0": (32, 16, dot_plain),
+           "Q5_1": (32, 0, dot_mins), "Q8_0": (32, Q8_0_OFFSET, DOT_Q8_0), "Q4_K": (32, 0, dot_mins),
+           "Q5_K": (32, 0, dot_mins), "Q6_K": (16, 32, dot_16)}
 
 
-@njit(parallel=True, cache=CACHE)
-def gemm_q8_0(w, x, out, first, tasks):
-    _gemm(w, prepare_q8_32(x, Q8_0_OFFSET), out, first, tasks, unpack_q8_0, DOT_Q8_0)
-
-
-@njit(parallel=True, cache=CACHE)
-def gemm_q4_k(w, x, out, first, tasks):
-    _gemm(w, prepare_q8_k(x, 32, 0), out, first, tasks, unpack_q4_k, dot_mins)
-
-
-@njit(parallel=True, cache=CACHE)
-def gemm_q5_k(w, x, out, first, tasks):
-    _gemm(w, prepare_q8_k(x, 32, 0), out, first, tasks, unpack_q5_k, dot_mins)
-
-
-@njit(parallel=True, cache=CACHE)
-def gemm_q6_k(w, x, out, first, tasks):
-    _gemm(w, prepare_q8_k(x, 16, 32), out, first, tasks, unpack_q6_k, dot_16)
+def _kernels() -> dict:
+    constants = {name: {"UNIT": unit, "OFFSET": offset, "UNPACK": unpack_row(name, unit, EMIT[name]), "DOT": dot}
+                 for name, (unit, offset, dot) in LAYOUTS.items()}
+    k_quants = {name: c for name, c in constants.items() if name.endswith("_K")}
+    blocks_32 = {name: c for name, c in constants.items() if name not in k_quants}
+    return {**per_type(_gemm_q8_32, "gemm", blocks_32, parallel=True, cache=CACHE),
+            **per_type(_gemm_q8_k, "gemm", k_quants, parallel=True, cache=CACHE)}
 
 
 def fits(qtype: int, n_in: int) -> bool:
@@ -477,5 +433,4 @@ def fits(qtype: int, n_in: int) -> bool:
 
 
 # ggml type ids
-GEMM = {2: gemm_q4_0, 3: gemm_q4_1, 6: gemm_q5_0, 7: gemm_q5_1, 8: gemm_q8_0,
-        12: gemm_q4_k, 13: gemm_q5_k, 14: gemm_q6_k} if ISA else {}
+GEMM = _kernels() if ISA else {}

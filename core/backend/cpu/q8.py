@@ -13,7 +13,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from .matvec_float import F32
+from .cache import cached
+from .ir import F32
 
 
 @intrinsic
@@ -73,7 +74,31 @@ def quantize_q8_k(x, q, d, bsums):
                 bsums[i, b * 16 + g] = total
 
 
-@njit(cache=True)
+@njit(inline="always")
+def _rounded(x, quantize, per_scale, per_sum, sum_type):
+    n, n_in = x.shape
+    q = np.empty((n, n_in), dtype=np.int8)
+    d = np.empty((n, n_in // per_scale), dtype=np.float32)
+    sums = np.empty((n, n_in // per_sum), dtype=sum_type)
+    quantize(x, q, d, sums)
+    return q, d, sums
+
+
+@njit(inline="always")
+def q8_blocks(x):
+    """x (n, n_in) rounded to q8_1 blocks: the codes (n, n_in) int8, and per block its f16 scale
+    and f16 sum (n, n_in // 32)."""
+    return _rounded(x, quantize_q8, 32, 32, np.float32)
+
+
+@njit(inline="always")
+def q8_k_blocks(x):
+    """x (n, n_in) rounded to q8_K blocks: the codes (n, n_in) int8, an f32 scale per 256 values
+    and the int32 sums of each 16 codes."""
+    return _rounded(x, quantize_q8_k, 256, 16, np.int32)
+
+
+@cached()
 def round_q8_rows(x, out, offset_error):
     """Many rows (a prompt): x rounded to q8_0/q8_1 blocks as floats (code · f16 scale) into out,
     and per block f16(d·Σq) − f16(d)·Σq into offset_error (what Q4_1/Q5_1's m·s8 adds beyond the
@@ -81,10 +106,7 @@ def round_q8_rows(x, out, offset_error):
     spinning workers would slow BLAS's)."""
     n, n_in = x.shape
     for i in range(n):
-        q = np.empty((1, n_in), dtype=np.int8)
-        d = np.empty((1, n_in // 32), dtype=np.float32)
-        s = np.empty((1, n_in // 32), dtype=np.float32)
-        quantize_q8(x[i:i + 1], q, d, s)
+        q, d, s = q8_blocks(x[i:i + 1])
         for b in range(n_in // 32):
             total = 0
             for j in range(b * 32, b * 32 + 32):
@@ -93,14 +115,11 @@ def round_q8_rows(x, out, offset_error):
             offset_error[i, b] = s[0, b] - d[0, b] * np.float32(total)
 
 
-@njit(cache=True)
+@cached()
 def round_q8_k_rows(x, out):
     """Many rows: x rounded to q8_K blocks as floats (code · scale) into out (one thread)."""
     n, n_in = x.shape
     for i in range(n):
-        q = np.empty((1, n_in), dtype=np.int8)
-        d = np.empty((1, n_in // 256), dtype=np.float32)
-        bsums = np.empty((1, n_in // 16), dtype=np.int32)
-        quantize_q8_k(x[i:i + 1], q, d, bsums)
+        q, d, _ = q8_k_blocks(x[i:i + 1])
         for j in range(n_in):
             out[i, j] = np.float32(q[0, j]) * d[0, j // 256]

@@ -11,11 +11,12 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .matvec_float import I16, I32
+from .cache import cached, parallel_and_serial
+from .ir import I16, I32
 from .scalar import FAST, fast_exp
 
 
-@njit(fastmath=FAST, cache=True)
+@cached(fastmath=FAST)
 def rms_norm_rows(x, weight, eps, out):
     """out = x / sqrt(mean(x²) + eps) for each row of x (R, d), then times weight[r % W] when
     weight (W, d) has rows. The sum of squares is taken in float64, as ggml takes it. One
@@ -68,36 +69,21 @@ def _rope_row(x, cos, sin, neox, out, t):
             out[t, h, b] = x0 * sin[t, i] + x1 * cos[t, i]
 
 
-# Each row op has a parallel kernel for prompts and a serial one for a few rows: waking numba's
-# threads costs a few microseconds a call, more than a decoded row's work.
+# Each row op is a parallel kernel for prompts and a serial twin (<name>_serial) for a few rows:
+# waking numba's threads costs a few microseconds a call, more than a decoded row's work.
 
-@njit(fastmath=FAST, cache=True, parallel=True)
 def swiglu_rows(h, out):
     """out = silu(gate)·up for h = [gate | up] (n, 2·n_ff), C-contiguous; out (n, n_ff)."""
     for i in prange(h.shape[0]):
         _swiglu_row(h, out, i)
 
 
-@njit(fastmath=FAST, cache=True)
-def swiglu_rows_serial(h, out):
-    for i in range(h.shape[0]):
-        _swiglu_row(h, out, i)
-
-
-@njit(fastmath=FAST, cache=True, parallel=True)
 def geglu_rows(h, out):
     """out = gelu(gate)·up, GELU's tanh form, for h = [gate | up] (n, 2·n_ff); out (n, n_ff)."""
     for i in prange(h.shape[0]):
         _geglu_row(h, out, i)
 
 
-@njit(fastmath=FAST, cache=True)
-def geglu_rows_serial(h, out):
-    for i in range(h.shape[0]):
-        _geglu_row(h, out, i)
-
-
-@njit(fastmath=FAST, cache=True, parallel=True)
 def rope_rows(x, cos, sin, neox, out):
     """out = x (n, heads, d) with its first 2·len(cos[0]) dims of each head rotated by the
     per-token angles: pairs (2i, 2i+1), or (i, i + n_rot/2) in NEOX mode; the rest copied."""
@@ -105,10 +91,9 @@ def rope_rows(x, cos, sin, neox, out):
         _rope_row(x, cos, sin, neox, out, t)
 
 
-@njit(fastmath=FAST, cache=True)
-def rope_rows_serial(x, cos, sin, neox, out):
-    for t in range(x.shape[0]):
-        _rope_row(x, cos, sin, neox, out, t)
+swiglu_rows, swiglu_rows_serial = parallel_and_serial(swiglu_rows, fastmath=FAST)
+geglu_rows, geglu_rows_serial = parallel_and_serial(geglu_rows, fastmath=FAST)
+rope_rows, rope_rows_serial = parallel_and_serial(rope_rows, fastmath=FAST)
 
 
 @intrinsic
@@ -123,7 +108,7 @@ def half_bits(typingctx, x):
     return types.int32(x), codegen
 
 
-@njit(cache=True)
+@cached()
 def geglu_table_rows(h, table, out):
     """ggml-cpu's GEGLU for float32 rows (GGML_GELU_FP16) over a fused gate|up h (n, 2·n_ff):
     out = table[f16 bits of gate] · up, 0 where gate <= −10 and gate · up where gate >= 10."""

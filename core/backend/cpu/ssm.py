@@ -12,10 +12,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .cache import cached
 from .scalar import FAST, fast_exp
 
 
-@njit(fastmath=FAST, cache=True, parallel=True)
+@cached(fastmath=FAST, parallel=True)
 def ssm_conv_rows(x, state, w, seq_index, out):
     """out[t, c] = sum_k window[k] · w[c, k] over window = (state[s, :, c], x[t, c]), then the
     window slides: state[s] keeps the last d_conv - 1 inputs. x (T, C), state (S, K - 1, C),
@@ -42,7 +43,7 @@ def softplus(x):
     return x if x > np.float32(20) else np.log(np.float32(1) + np.exp(x))
 
 
-@njit(fastmath=FAST, cache=True, parallel=True)
+@cached(fastmath=FAST, parallel=True)
 def ssm_scan_rows(state, x, dt, A, B, C, seq_index, y):
     """The selective scan: per token, state = state · e^(Δ·A) + Δ · x ⊗ B and y = state · C, with
     Δ = softplus(dt). state (S, H, P, N), x (T, H, P), dt (T, H), A (H, N) for Mamba-1 or (H, 1)
