@@ -31,8 +31,7 @@ ATTN_CHUNK_MIN, ATTN_CHUNK_MAX = 64, 512
 
 # ---- vector-coded cache reads (LLVM IR, like matvec_float's row dots) ---------------------------
 # A cache row's head segment is read 16 values at a time; segments whose length is not a multiple
-# of 16 take the plain loops in _attend_chunk instead. (numba's disk cache does not see edits to
-# ir.py's helpers used here: clear __pycache__ after changing them.)
+# of 16 take the plain loops in _attend_chunk instead.
 
 VI16 = ir.VectorType(ir.IntType(16), LANES)
 
