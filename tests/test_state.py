@@ -48,7 +48,7 @@ def test_pending_shift_survives_save_and_load(kind):
     np.testing.assert_allclose(next_logits(live, 1234), expected, atol=1e-5, rtol=0)
 
 
-WINDOWED = ContextParams(n_ctx=2048, n_seq_max=2, n_ubatch=16, kv="iswa")
+WINDOWED = ContextParams(n_ctx=2048, n_seq_max=2, n_ubatch=16, kv="iswa", type_k="f32", type_v="f32")  # float_reference's
 
 
 @pytest.mark.float_reference
