@@ -279,3 +279,24 @@ def test_a_bad_setting_in_the_environment_is_one_sentence(variable, value, messa
     done = llm("generate", "--backend", backend, "-m", str(FIDELITY["TINY"] / "tiny-qwen3.gguf"), "-p", "hi", "-n", "2",
                env={variable: value})
     assert done.returncode == 1 and done.stderr == f"error: {message}\n" and not done.stdout
+
+
+def test_bert_embeddings_on_the_emulated_device_equal_the_cpus():
+    """No architecture is refused by name any more: BERT's ops (NORM, GELU, non-causal
+    FLASH_ATTN_EXT) are all on the CUDA backend, and its pooled embeddings agree with the cpu's
+    float reference within the f16-weight bound; T5's unfused ATTN_SOFT_MAX is not, and says so."""
+    from conftest import TINY_BERT, TINY_T5
+    from llmsuite.core.context import Context, ContextParams
+    from llmsuite.core.embeddings import embed_inputs
+    from llmsuite.core.errors import UnsupportedError
+    from llmsuite.core.models import load_model
+
+    vectors = {}
+    for backend in ("cpu", "cuda-emu"):
+        model = load_model(TINY_BERT, backend=backend, numerics="f32")
+        ctx = Context(model, ContextParams(n_ctx=128, n_seq_max=2, backend=backend, numerics="f32"))
+        inputs = [model.vocab.tokenize(text, add_special=True) for text in ("hello world", "the quick brown fox")]
+        vectors[backend] = np.stack(embed_inputs(ctx, inputs))
+    assert np.abs(vectors["cuda-emu"] - vectors["cpu"]).max() <= REL_LOGIT_BOUND * np.abs(vectors["cpu"]).max()
+    with pytest.raises(UnsupportedError, match="^t5 needs ATTN_SOFT_MAX, which the cuda-emu backend does not support"):
+        load_model(TINY_T5, backend="cuda-emu")
