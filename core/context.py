@@ -90,6 +90,7 @@ class Context:
     kind: ClassVar[str] = ""  # what -v prints: "decoder", "no-kv", "encoder", "enc-dec"
     generates: ClassVar[bool] = True  # a decoder: it generates tokens (an encoder only embeds)
     needs_encoded_input: ClassVar[bool] = False  # its decoder attends an encoder output (encode first)
+    has_encoder: ClassVar[bool] = False  # `encode` runs the model's encoder
 
     def __new__(cls, model: Model, params: ContextParams | None = None, observer=None):
         params = replace(params) if params else ContextParams()
@@ -245,34 +246,41 @@ class Context:
         return None
 
     def encode(self, batch: Batch) -> DecodeStatus:
-        """Run the encoder over a batch (kinds with an encoder)."""
+        """Run the encoder over a batch in one micro-batch, each sequence attending all of its own
+        tokens (kinds with an encoder; `_keep_encoded` says what becomes of the output)."""
+        t0 = time.perf_counter()
         self.last_error = ""
         self._invalidate_outputs()
-        return self._fail(DecodeStatus.INVALID_BATCH, f"{self.model.arch} has no encoder")
-
-    def _run_encoder(self, batch: Batch, target) -> tuple[DecodeStatus, object, object]:
-        """The encoder over a batch in one micro-batch, each sequence attending all of its own
-        tokens: (status, output (n_tokens, n_embd), the ubatch)."""
-        self.last_error = ""
-        self._invalidate_outputs()
+        if not self.has_encoder:
+            return self._fail(DecodeStatus.INVALID_BATCH, f"{self.model.arch} has no encoder")
         if len(batch) > self.params.n_ubatch:
             return self._fail(DecodeStatus.INVALID_BATCH, f"the encoder takes a batch in one micro-batch: "
-                                                          f"{len(batch)} tokens, more than -ub {self.params.n_ubatch}"), None, None
+                                                          f"{len(batch)} tokens, more than -ub {self.params.n_ubatch}")
         try:
             self.balloc.init(batch, None, output_all=True)
         except InvalidInputError as e:
-            return self._fail(DecodeStatus.INVALID_BATCH, str(e)), None, None
+            return self._fail(DecodeStatus.INVALID_BATCH, str(e))
         ub = self.balloc.split_simple(len(batch))[0]
         mctx = BatchOnlyContext(ub, causal=False, xp=self.backend.xp)
+        target = self._encoder_target(len(batch))
         try:
             out = self.model.encode(Graph(self.model, mctx, self.backend, self.observer, target, embeddings=True))
         except KeyboardInterrupt:
-            return self._fail(DecodeStatus.ABORTED, "interrupted"), None, None
+            return self._fail(DecodeStatus.ABORTED, "interrupted")
         except InvalidInputError as e:
-            return self._fail(DecodeStatus.INVALID_BATCH, str(e)), None, None
+            return self._fail(DecodeStatus.INVALID_BATCH, str(e))
         except (MemoryError, FloatingPointError) as e:
-            return self._fail(DecodeStatus.COMPUTE_FAILED, f"compute failed: {e}"), None, None
-        return DecodeStatus.OK, out, ub
+            return self._fail(DecodeStatus.COMPUTE_FAILED, f"compute failed: {e}")
+        self._keep_encoded(out, ub)
+        self.perf.add(len(batch), time.perf_counter() - t0)
+        return DecodeStatus.OK
+
+    def _encoder_target(self, n_tokens: int):
+        """Where the encoder writes its output (None: a new array)."""
+        return None
+
+    def _keep_encoded(self, out, ub) -> None:
+        """What an encode leaves: the embeddings (an encoder), the decoder's cross input (enc-dec)."""
 
     def _set_outputs(self, rows: np.ndarray, out_pos: np.ndarray) -> None:
         """Publish a decode's outputs; embeddings are also pooled per sequence unless pooling is none."""
@@ -416,6 +424,7 @@ class EncoderContext(Context):
     per sequence. llama_decode on it forwards to llama_encode, as here."""
     kind = "encoder"
     generates = False
+    has_encoder = True
 
     def _create_memory(self):
         return None
@@ -436,14 +445,11 @@ class EncoderContext(Context):
     def decode(self, batch: Batch) -> DecodeStatus:
         return self.encode(batch)
 
-    def encode(self, batch: Batch) -> DecodeStatus:
-        """Encode a batch; its outputs are the embeddings (and their pools)."""
-        t0 = time.perf_counter()
-        status, out, _ = self._run_encoder(batch, self._logits_buffer(len(batch)))
-        if status == DecodeStatus.OK:
-            self._set_outputs(out, np.arange(len(batch)))
-            self.perf.add(len(batch), time.perf_counter() - t0)
-        return status
+    def _encoder_target(self, n_tokens: int):
+        return self._logits_buffer(n_tokens)
+
+    def _keep_encoded(self, out, ub) -> None:
+        self._set_outputs(out, np.arange(ub.n_tokens))
 
     def state_bytes(self, tokens=(), seq: int | None = None) -> bytes:
         raise self._stateless()
@@ -460,6 +466,7 @@ class EncoderDecoderContext(DecoderContext):
     cross-attention reads in every later decode (and which state files carry)."""
     kind = "enc-dec"
     needs_encoded_input = True
+    has_encoder = True
 
     def __init__(self, model: Model, params: ContextParams | None = None, observer=None):
         super().__init__(model, params, observer)
@@ -500,14 +507,8 @@ class EncoderDecoderContext(DecoderContext):
     def _cross_input(self) -> CrossInput | None:
         return self.cross
 
-    def encode(self, batch: Batch) -> DecodeStatus:
-        """Encode a batch; its output replaces the last encode's for the decoder to attend."""
-        t0 = time.perf_counter()
-        status, out, ub = self._run_encoder(batch, None)
-        if status == DecodeStatus.OK:
-            self.cross = CrossInput(out, ub.seq_id, self.backend.xp)
-            self.perf.add(len(batch), time.perf_counter() - t0)
-        return status
+    def _keep_encoded(self, out, ub) -> None:
+        self.cross = CrossInput(out, ub.seq_id, self.backend.xp)  # replaces the last encode's
 
     def _state_write_extra(self, w: StateWriter) -> None:
         if self.cross is None:
