@@ -23,8 +23,8 @@ from numba import njit
 from numba.core import caching
 
 PACKAGE = Path(__file__).resolve().parent
-# the one module without numba code: an edit there keeps the compiled kernels
-NOT_KERNELS = ("backend.py",)
+# the modules without numba code: an edit there keeps the compiled kernels
+NOT_KERNELS = ("__init__.py", "backend.py")
 # numba 0.61 renamed _CacheImpl
 _CACHE_IMPL = getattr(caching, "CacheImpl", None) or caching._CacheImpl
 
