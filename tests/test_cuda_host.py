@@ -189,7 +189,7 @@ def test_block_topk_makes_its_mask_on_the_device(emu):
     on_device = MaskInput(2, xp.asarray(q), xp.asarray(base), pos, cell_pos, xp=xp,
                           extra={"bounds": KeyBounds(xp.asarray(keys), 8, xp)})
     mask, n_kv_max = producer(on_device)
-    on_host = MaskInput(2, q, base, pos, cell_pos, extra={"bounds": KeyBounds(keys, 8)})
+    on_host = MaskInput(2, q, base, pos, cell_pos, extra={"bounds": KeyBounds(keys, 8)}, backend=get_backend("cpu"))
     assert isinstance(mask, DeviceArray) and n_kv_max == 40
     np.testing.assert_array_equal(np.isfinite(mask.get()), np.isfinite(producer.fused_mask(on_host)))
     assert np.isfinite(mask.get()).sum() < np.isfinite(base).sum()

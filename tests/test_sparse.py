@@ -61,13 +61,13 @@ def test_block_topk_keeps_exactly_its_selection_within_the_bound(topk, block, lo
     cell_pos = np.arange(n_kv, dtype=np.int32)
     base = causal_base(pos, cell_pos)
     producer = BlockTopK(topk, block, local)
-    inp = MaskInput(2, q, base, pos, cell_pos, extra={"bounds": KeyBounds(keys, block)})
+    inp = MaskInput(2, q, base, pos, cell_pos, extra={"bounds": KeyBounds(keys, block)}, backend=get_backend("cpu"))
     mask, n_kv_max = getattr(producer, path)(inp), producer.n_kv_max
     want = expected_selection(q, keys, base, pos, cell_pos, topk, block, local)
     np.testing.assert_array_equal(np.isfinite(mask), want)
     assert n_kv_max == topk + local and np.isfinite(mask).sum(axis=1).max() <= n_kv_max
     assert (np.isfinite(mask).sum(axis=1) < np.isfinite(base).sum(axis=1)).any()  # it did drop cells
-    last = MaskInput(2, q[-1:], base[-1:], pos[-1:], cell_pos, extra=inp.extra)  # one decoded row (serial kernel)
+    last = MaskInput(2, q[-1:], base[-1:], pos[-1:], cell_pos, extra=inp.extra, backend=inp.backend)  # one row: serial
     np.testing.assert_array_equal(getattr(producer, path)(last), mask[-1:])
 
 
@@ -76,8 +76,9 @@ def test_block_bounds_follow_every_edit(cache_type):
     """Bounds equal the min and max over occupied cells after stores, seq_rm, a K-shift and a state
     load; f32 and f16 rows are read in place by a kernel, q8_0 through the array code."""
     spec = {0: AttnSpec(2, 16, 16, rope=RopeSpec(16, 10000.0, 1.0, True))}
-    cache = KVCache(spec, kv_size=64, producers={0: BlockTopK(16, 8, 8)}, type_k=cache_type, type_v=cache_type)
-    backend = get_backend("cpu")
+    backend = get_backend("cpu")  # its fused BLOCK_BOUNDS for the f32/f16 rows
+    cache = KVCache(spec, kv_size=64, producers={0: BlockTopK(16, 8, 8)}, type_k=cache_type, type_v=cache_type,
+                    backend=backend)
     rng = np.random.default_rng(0)
 
     def commit(n, p0):
