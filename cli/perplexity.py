@@ -13,6 +13,7 @@ import numpy as np
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from llmsuite.core.atomic import atomic_writer
 from llmsuite.core.context import Context
 from llmsuite.core.graph import AttnStats
 from llmsuite.core.errors import InvalidInputError
@@ -149,10 +150,8 @@ def _run_ppl(ctx: Context, tokens, plan: ChunkPlan, output: str, bar: _Bar, sett
         bar.advance(index + 1)
 
     if kl_base is not None:
-        partial = kl_base.with_name(kl_base.name + ".partial")
-        with open(partial, "wb") as f:
+        with atomic_writer(kl_base) as f:  # the previous base survives an interrupt or a full disk
             result = run_ppl(ctx, tokens, plan, on_chunk, kl_base=f)
-        partial.replace(kl_base)
     else:
         result = run_ppl(ctx, tokens, plan, on_chunk)
     rate = plan.n_chunk * plan.n_ctx / result.seconds

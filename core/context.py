@@ -19,6 +19,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from .atomic import write_atomic
 from .batch import Batch, BatchAllocator
 from .cross import CrossInput
 from .embeddings import pool
@@ -397,13 +398,13 @@ class Context:
         return tokens.tolist()
 
     def save_state(self, path: str | Path, tokens=()) -> None:
-        Path(path).write_bytes(self.state_bytes(tokens))
+        write_atomic(path, self.state_bytes(tokens))
 
     def load_state(self, path: str | Path) -> list[int]:
         return self.load_state_bytes(_read(path), what=str(path))
 
     def save_seq_state(self, path: str | Path, seq: int, tokens=()) -> None:
-        Path(path).write_bytes(self.state_bytes(tokens, seq))
+        write_atomic(path, self.state_bytes(tokens, seq))
 
     def load_seq_state(self, path: str | Path, seq: int) -> list[int]:
         return self.load_state_bytes(_read(path), seq, what=str(path))
