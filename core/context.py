@@ -136,10 +136,6 @@ class Context:
         return self.params.n_ctx
 
     @property
-    def attn_impl(self) -> str:
-        return self.plan.attn_impl
-
-    @property
     def output_width(self) -> int:
         hp = self.model.hparams
         return hp.n_embd if self.embeddings else hp.n_vocab

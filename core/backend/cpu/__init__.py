@@ -6,8 +6,8 @@ import them on first use, so that importing the backend imports no numba. The ac
 re-exported here: importing a submodule sets the package attribute of its name to the module.
 """
 
-from .backend import (KERNEL_TYPES, SPARSE_MIN_KV, CPUBackend, _key_blocks, alibi_slopes, as_float, cache_bits,
+from .backend import (KERNEL_TYPES, SPARSE_MIN_KV, CPUBackend, alibi_slopes, as_float, cache_bits,
                       gemm_tasks)
 
-__all__ = ["KERNEL_TYPES", "SPARSE_MIN_KV", "CPUBackend", "_key_blocks", "alibi_slopes", "as_float", "cache_bits",
+__all__ = ["KERNEL_TYPES", "SPARSE_MIN_KV", "CPUBackend", "alibi_slopes", "as_float", "cache_bits",
            "gemm_tasks"]

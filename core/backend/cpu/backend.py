@@ -78,7 +78,7 @@ def _alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
     return np.where(h < n_head_log2, m0 ** (h + 1), m1 ** (2 * (h - n_head_log2) + 1)).astype(np.float32)
 
 
-# ops that read f32/f16 cache rows in place (BLOCK_BOUNDS) or that no type limits
+# the cache row types the fused BLOCK_BOUNDS reads in place (quantized rows take the array path)
 IN_PLACE_ROW_TYPES = ("f32", "f16")
 
 
