@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from llmsuite.core.backend import CPUBackend, cuda_unavailable_reason
-from llmsuite.core.backend.cpu import _key_blocks
+from llmsuite.core.backend.cpu.backend import _key_blocks
 from llmsuite.core.ops import OPS, sparse_mask
 from llmsuite.core.testops import run_test, select_cases
 
