@@ -109,8 +109,8 @@ def generate(
         ctx.attn_stats = AttnStats()
     template = None
     if chat or conversation:
-        template, source = resolve_template(lm.chat_template, chat_template)
-        (log if source == "the model's" else err_console.print)(f"chat template: {source}")
+        template = resolve_template(lm.chat_template, chat_template, lm.path.name)
+        (log if template.from_model else err_console.print)(f"chat template: {template.origin}")
     eog = tuple((t, -np.inf) for t in range(lm.vocab.n_tokens) if lm.vocab.is_eog(t)) if ignore_eos else ()
     sampler_params = SamplerParams(seed=seed, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                                    repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,

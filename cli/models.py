@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from typing import Annotated, Optional
 
@@ -41,6 +42,15 @@ def models() -> None:
     typer.echo(f"cache: {hub.home() / 'models'}")
 
 
+def shown_verbatim(text: str) -> str:
+    """Text from a file as it is, but for control characters other than newline, carriage return
+    and tab, which are escaped so that a file cannot drive the terminal."""
+    return CONTROL_CHARACTERS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
 def info(
     model: Annotated[Optional[str], typer.Argument(help="GGUF path or known model name (default: smollm2-135m)")] = None,
     model_option: Annotated[Optional[str], typer.Option("-m", "--model", help="the same, as the other commands take it")] = None,
@@ -55,7 +65,7 @@ def info(
         text = gguf.get("tokenizer.chat_template")
         if text is None:
             raise InvalidInputError(f"{gguf.path.name} has no chat template (generate falls back to chatml)")
-        typer.echo(text)
+        typer.echo(shown_verbatim(text))  # shown, never rendered: a template is a program
         return
     arch = gguf.architecture
     hparams = {k[len(arch) + 1:]: _plain(v) for k, v in gguf.metadata.items() if k.startswith(arch + ".")}

@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 from .batch import Batch
-from .chat import render_for
+from .chat import ChatTemplate, render_for
 from .context import Context
 from .errors import InvalidInputError
 from .generation import PROMPT_MARGIN, decode_or_raise, prefill
@@ -33,7 +33,8 @@ class Conversation:
     """The history of one conversation and the context that holds it. `template` None: raw text
     (interactive mode); else the model's chat template (or the one given)."""
 
-    def __init__(self, ctx: Context, sampler: Sampler, template: str | None, system: str = "", prompt: str = ""):
+    def __init__(self, ctx: Context, sampler: Sampler, template: ChatTemplate | str | None, system: str = "",
+                 prompt: str = ""):
         self.ctx, self.sampler, self.template = ctx, sampler, template
         self.vocab = ctx.model.vocab
         self.messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
