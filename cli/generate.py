@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import numpy as np
 import typer
 
-from llmsuite.core.chat import chat_prompt, resolve_template
+from llmsuite.core.chat import chat_prompt, probe_template, read_chat_template, resolve_template
 from llmsuite.core.conversation import Conversation
 from llmsuite.core.context import Context
 from llmsuite.core.graph import AttnStats
@@ -21,7 +21,7 @@ from llmsuite.core.generation import PROMPT_MARGIN, check_context_shift, check_p
 from llmsuite.core.sampling import CHAIN, DEFAULT_SEED, Sampler, SamplerParams, parse_samplers
 
 from . import options as opt
-from .common import err_console, log, open_model, read_text_file, settings
+from .common import err_console, log, open_model, read_text_file, resolve, settings
 from .conversation import PROMPT_COLOR, colored, converse
 
 
@@ -103,14 +103,16 @@ def generate(
     if system is not None and not (chat or conversation):
         raise InvalidInputError("--system only applies with --chat or -cnv")
     params = context.params()
+    template = None
+    if chat or conversation:  # a template that fails is refused before the weights load
+        path = resolve(model)
+        template = resolve_template(read_chat_template(path), chat_template, path.name)
+        probe_template(template, system if chat or system is not None else text, text if chat else "Hello")
+        (log if template.from_model else err_console.print)(f"chat template: {template.origin}")
     lm, t_load = open_model(model, context.backend, (params.type_k, params.type_v), context.numerics)
     ctx = Context(lm, params)
     if settings["verbose"]:
         ctx.attn_stats = AttnStats()
-    template = None
-    if chat or conversation:
-        template = resolve_template(lm.chat_template, chat_template, lm.path.name)
-        (log if template.from_model else err_console.print)(f"chat template: {template.origin}")
     eog = tuple((t, -np.inf) for t in range(lm.vocab.n_tokens) if lm.vocab.is_eog(t)) if ignore_eos else ()
     sampler_params = SamplerParams(seed=seed, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                                    repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,

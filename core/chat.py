@@ -9,6 +9,7 @@ from pathlib import Path
 from jinja2 import TemplateError
 
 from .errors import InvalidInputError, printable
+from .gguf import GGUFFile
 from .sandbox import BoundedEnvironment, TemplateRefused
 
 
@@ -75,6 +76,25 @@ def render_chat(template: ChatTemplate | str | None, messages: list[dict[str, st
     raise InvalidInputError(f"{template.origin} {reason}")
 
 
+def read_chat_template(path: Path) -> str | None:
+    """The chat template in a GGUF's metadata, read without loading the model."""
+    gguf = GGUFFile(path)
+    try:
+        return gguf.get_str("tokenizer.chat_template", None)
+    finally:
+        gguf.close()
+
+
+def probe_template(template: ChatTemplate, system: str | None, user: str) -> None:
+    """Render a conversation like the one to come (without BOS/EOS, which need the vocabulary):
+    a template that fails or passes a bound is refused in a moment, not after the weights load."""
+    render_chat(template, _messages(user, system))
+
+
+def _messages(user: str, system: str | None) -> list[dict[str, str]]:
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+
+
 def render_for(vocab, template: ChatTemplate | str, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
     """`template` over `messages` with the vocabulary's BOS/EOS, ready to tokenize (without a
     leading BOS the tokenizer adds itself)."""
@@ -88,6 +108,6 @@ def render_for(vocab, template: ChatTemplate | str, messages: list[dict[str, str
 
 def chat_prompt(model, user: str, system: str | None = None, template: ChatTemplate | None = None) -> str:
     """A template (the model's unless given) applied to one user turn and a system message."""
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+    messages = _messages(user, system)
     template = template or ChatTemplate(model.chat_template, f"the chat template of {model.path.name}")
     return render_for(model.vocab, template, messages)

@@ -138,7 +138,10 @@ def _str_method_size(method, args: tuple, kwargs: dict, budget: int) -> int | No
     s, name = method.__self__, method.__name__
     if name not in _GROWING_METHODS:
         return None
-    call = inspect.signature(method).bind(*args, **kwargs).arguments
+    try:
+        call = inspect.signature(method).bind(*args, **kwargs).arguments
+    except TypeError:  # the method itself says what is wrong with its arguments
+        return None
     if name in ("ljust", "rjust", "center", "zfill"):
         return len(s) + max(call.get("width", 0), 0)
     if name == "expandtabs":
@@ -347,7 +350,8 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         self.tick()
         args, kwargs = self._materialized(args, kwargs)
         if inspect.isbuiltin(__obj) and isinstance(getattr(__obj, "__self__", None), (str, bytes)):
-            estimate = _str_method_size(__obj, args, kwargs, self.limit)
+            own = {k: v for k, v in kwargs.items() if k not in ("_loop_vars", "_block_vars")}  # Jinja's own
+            estimate = _str_method_size(__obj, args, own, self.limit)
             if estimate is not None:
                 self._check(estimate, f"with .{__obj.__name__}()")
         self.depth += 1
@@ -380,7 +384,11 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
             self.tick()
             args, kwargs = self._materialized(args, kwargs)
             if name in _GROWING_FILTERS:
-                estimate = _filter_size(name, _flat(signature.bind(*args, **kwargs).arguments), self.limit)
+                try:
+                    call = signature.bind(*args, **kwargs)
+                except TypeError:  # the filter itself says what is wrong with its arguments
+                    return func(*args, **kwargs)
+                estimate = _filter_size(name, _flat(call.arguments), self.limit)
                 if estimate is not None:
                     self._check(estimate, f"with the {name} filter")
             return self.checked_value(func(*args, **kwargs))

@@ -60,6 +60,28 @@ def test_real_template_renders_as_plain_jinja():
     assert render_chat(source, turns) == expected
 
 
+EVERYDAY = [
+    "{% for m in messages %}{{ m.content.replace('i', 'I').center(9) }}{{ loop.cycle('|', '/') }}{% endfor %}",
+    "{{ messages | map(attribute='role') | join(', ') }} {{ '%s=%d' | format('n', messages | length) }}",
+    "{{ messages | tojson(indent=2) }}{{ '{}:{:>4}'.format('x', 7) }}{{ ('ab' * 3) ~ [1, 2] ~ (1, ) }}",
+    "{% set ns = namespace(n=0) %}{% for m in messages if m.role == 'user' %}{% set ns.n = ns.n + 1 %}"
+    "{% else %}none{% endfor %}{{ ns.n }}",
+    "{% macro wrap(tag) %}<{{ tag }}>{{ caller() }}</{{ tag }}>{% endmacro %}"
+    "{% call wrap('b') %}{{ messages[-1].content | upper }}{% endcall %}",
+    "{% for x in [[1, [2]], [3]] recursive %}[{% if x is iterable %}{{ loop(x) }}{% else %}{{ x }}{% endif %}]"
+    "{% endfor %}",
+    "{% set block %}{% for m in messages %}{{ m.role[0] }}{% endfor %}{% endset %}{{ block * 2 }}"
+    "{% filter indent(2, first=True) %}a\nb{% endfilter %}{{ 'x\ty'.expandtabs(4) }}{{ 2 ** 10 }}",
+]
+
+
+@pytest.mark.parametrize("source", EVERYDAY)
+def test_everyday_constructs_render_as_plain_jinja(source):
+    plain = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    expected = plain.from_string(source).render(messages=MESSAGES)
+    assert BoundedEnvironment(trim_blocks=True, lstrip_blocks=True).render(source, messages=MESSAGES) == expected
+
+
 def test_bounds_scale_with_the_conversation():
     """The size bound is 1 MiB plus twice the messages: a long conversation still renders."""
     long_turn = [{"role": "user", "content": "y" * (3 << 20)}]
