@@ -26,7 +26,7 @@ from llmsuite.core.memory.masks import SparseParams
 from llmsuite.core.models import load_model
 
 from . import options as opt
-from .common import err_console, resolve
+from .common import err_console, exit_interrupted, resolve
 
 ListOpt = Optional[list[str]]
 FIELDS = ["build_commit", "build_number", "cpu_info", "gpu_info", "backends", "model_filename", "model_type",
@@ -97,11 +97,20 @@ def bench(
     models = [m for value in (model or ["smollm2-135m"]) for m in core.parse_str_list(value)]
     paths = {m: resolve(m) for m in models}
     runs = core.instances(models, tests, axes, sparse=sparse)
-    results, notes = _run_all(runs, paths, repetitions, not no_warmup, progress)
-    if not results:  # one sentence: why the first run could not start
+    results, notes, stopped_at = _run_all(runs, paths, repetitions, not no_warmup, progress)
+    if not results and stopped_at is None:  # one sentence: why the first run could not start
         raise InvalidInputError(notes[0].removeprefix("skipped: ") if notes else "nothing to run")
     for note in notes:
         err_console.print(note, markup=False)
+    _print_results(results, paths, output)
+    if stopped_at is not None:
+        exit_interrupted(f"during test {stopped_at + 1} of {len(runs)} ({runs[stopped_at].test.name}); "
+                         f"the results are the {len(results)} tests done before it")
+
+
+def _print_results(results: list[core.Result], paths: dict, output: str) -> None:
+    if not results and output not in ("json", "jsonl"):
+        return
     rows = [_fields(r, paths) for r in results]
     if output == "md":
         sys.stdout.write(_markdown(results, rows))
@@ -165,16 +174,18 @@ def _run_all(runs, paths, repetitions, warmup, show_progress):
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=err_console, transient=True, disable=not enabled) as bar:
         task = bar.add_task("bench", total=len(runs))
-        for i, inst in enumerate(runs, 1):
-            label = f"bench {i}/{len(runs)}: {inst.test.name}"
+        for i, inst in enumerate(runs):
+            label = f"bench {i + 1}/{len(runs)}: {inst.test.name}"
             runner.on_event = lambda event, label=label: bar.update(task, description=f"{label} {event}")
             try:
                 get_backend(inst.backend)
                 results.append(runner.run(inst))
             except InvalidInputError as e:
                 notes.append(f"skipped: {_describe(inst)}: {e}")
+            except KeyboardInterrupt:  # the test under way is dropped; those done are reported
+                return results, notes, i
             bar.advance(task)
-    return results, notes
+    return results, notes, None
 
 
 def _warn_once(message: str, warned: set) -> None:

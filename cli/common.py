@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
+
+import typer
 
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeRemainingColumn
@@ -84,6 +88,14 @@ def open_model(spec: str | None, backend: str = "cpu", cache_types=("f16",), num
         log(note)
     log(f"backend {model.backend.name}: {model.backend.describe()}")  # on the cpu: which integer paths run
     return model, time.perf_counter() - t0
+
+
+def exit_interrupted(note: str) -> NoReturn:
+    """After Ctrl-C, once the results so far are printed: one line on what they cover, exit 130
+    (as a shell reports SIGINT)."""
+    sys.stdout.flush()
+    err_console.print(f"interrupted: {note}", markup=False)
+    raise typer.Exit(130)
 
 
 def read_text_file(path: Path) -> str:

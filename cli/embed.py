@@ -12,11 +12,11 @@ import typer
 
 from llmsuite.core.context import Context
 from llmsuite.core.embeddings import POOLING_NAMES, check_normalize, cosine, embed_inputs, normalize
-from llmsuite.core.errors import InvalidInputError, excerpt
+from llmsuite.core.errors import InvalidInputError, Interrupted, excerpt
 from llmsuite.core.memory.factory import MAX_SEQ
 
 from . import options as opt
-from .common import open_model, progress_display, read_text_file
+from .common import exit_interrupted, open_model, progress_display, read_text_file
 
 OUTPUT_FORMATS = ("plain", "json", "json+", "array")
 
@@ -58,12 +58,19 @@ def embed(
     tokens = [_tokenize(lm, text, i, ctx.prompt_batch) for i, text in enumerate(inputs)]
     with progress_display() as progress:
         task = progress.add_task(f"embedding {len(inputs)} inputs", total=len(inputs))
-        vectors = embed_inputs(ctx, tokens, on_batch=lambda n: progress.advance(task, n))
-    if ctx.pooling == "none":
-        vectors = [row for per_token in vectors for row in per_token]
-    vectors = [normalize(v, embd_normalize) for v in vectors]
-    labels = inputs if ctx.pooling != "none" else []
-    sys.stdout.write(format_embeddings(vectors, output_format, embd_normalize == 0, labels))
+        try:
+            vectors, interrupted = embed_inputs(ctx, tokens, on_batch=lambda n: progress.advance(task, n)), False
+        except Interrupted as stop:
+            vectors, interrupted = stop.partial, True
+    done = len(vectors)
+    if done:
+        labels = inputs[:done] if ctx.pooling != "none" else []
+        if ctx.pooling == "none":
+            vectors = [row for per_token in vectors for row in per_token]
+        vectors = [normalize(v, embd_normalize) for v in vectors]
+        sys.stdout.write(format_embeddings(vectors, output_format, embd_normalize == 0, labels))
+    if interrupted:
+        exit_interrupted(f"{done} of {len(inputs)} inputs embedded, and only those printed")
     sys.stdout.flush()
 
 

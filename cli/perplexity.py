@@ -16,12 +16,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from llmsuite.core.atomic import atomic_writer
 from llmsuite.core.context import Context
 from llmsuite.core.graph import AttnStats
-from llmsuite.core.errors import InvalidInputError
-from llmsuite.core.perplexity import (ChunkPlan, KLStats, kl_divergence, median, percentile, perplexity as run_ppl,
-                                      plan_chunks, read_kl_base, vocab_fingerprint)
+from llmsuite.core.errors import InvalidInputError, Interrupted
+from llmsuite.core.perplexity import (ChunkPlan, KLStats, PerplexityResult, kl_divergence, median, percentile,
+                                      perplexity as run_ppl, plan_chunks, read_kl_base, vocab_fingerprint)
 
 from . import options as opt
-from .common import err_console, log, open_model, read_text_file, settings as cli_settings
+from .common import err_console, exit_interrupted, log, open_model, read_text_file, settings as cli_settings
 from .generate import print_attn_stats
 
 DEFAULT_CTX = 512
@@ -149,19 +149,34 @@ def _run_ppl(ctx: Context, tokens, plan: ChunkPlan, output: str, bar: _Bar, sett
             sys.stdout.flush()
         bar.advance(index + 1)
 
-    if kl_base is not None:
-        with atomic_writer(kl_base) as f:  # the previous base survives an interrupt or a full disk
-            result = run_ppl(ctx, tokens, plan, on_chunk, kl_base=f)
-    else:
-        result = run_ppl(ctx, tokens, plan, on_chunk)
-    rate = plan.n_chunk * plan.n_ctx / result.seconds
+    try:
+        if kl_base is not None:
+            with atomic_writer(kl_base) as f:  # the previous base survives an interrupt or a full disk
+                result = run_ppl(ctx, tokens, plan, on_chunk, kl_base=f)
+        else:
+            result = run_ppl(ctx, tokens, plan, on_chunk)
+    except Interrupted as stop:
+        _print_ppl(stop.partial, output, settings, None, interrupted=True)
+        done = len(stop.partial.running_ppl)
+        exit_interrupted(f"{done} of {plan.n_chunk} chunks done, and the estimate covers only those"
+                         + (f"; {kl_base} was not written" if kl_base else ""))
+    _print_ppl(result, output, settings, kl_base)
+
+
+def _print_ppl(result: PerplexityResult, output: str, settings: dict, kl_base: Path | None,
+               interrupted: bool = False) -> None:
+    scored = result.count > 0
+    rate = len(result.running_ppl) * result.plan.n_ctx / result.seconds if scored else 0.0
     if output == "json":
-        doc = dict(settings=settings, chunks=[round(v, 6) for v in result.running_ppl], final=result.ppl,
-                   final_error=result.ppl_error, scored_tokens=result.count, seconds=result.seconds,
-                   tokens_per_second=rate, kl_divergence_base=str(kl_base) if kl_base else None)
+        doc = dict(settings=settings, chunks=[round(v, 6) for v in result.running_ppl],
+                   final=result.ppl if scored else None, final_error=result.ppl_error if scored else None,
+                   scored_tokens=result.count, seconds=result.seconds, tokens_per_second=rate,
+                   kl_divergence_base=str(kl_base) if kl_base else None, interrupted=interrupted)
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return
     sys.stdout.write("\n")
+    if not scored:
+        return
     if math.isnan(result.ppl_error):
         err_console.print("Unexpected negative standard deviation of log(prob)", markup=False)
     else:
@@ -187,12 +202,19 @@ def _run_kl(ctx: Context, base, plan: ChunkPlan, output: str, bar: _Bar, setting
             sys.stdout.flush()
         bar.advance(index + 1)
 
-    stats = kl_divergence(ctx, base, plan, on_chunk)
-    summary = _summary(stats)
+    try:
+        stats, interrupted = kl_divergence(ctx, base, plan, on_chunk), False
+    except Interrupted as stop:
+        stats, interrupted = stop.partial, True
+        rows = rows[:len(stats.kld_values)]
+    summary = _summary(stats) if stats.count else None
     if output == "json":
-        sys.stdout.write(json.dumps(dict(settings=settings, chunks=rows, summary=summary), indent=2) + "\n")
+        doc = dict(settings=settings, chunks=rows, summary=summary, interrupted=interrupted)
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     elif stats.count >= 100:
         sys.stdout.write("\n" + _summary_text(summary))
+    if interrupted:
+        exit_interrupted(f"{len(rows)} of {plan.n_chunk} chunks done, and the statistics cover only those")
 
 
 def _chunk_row(s: KLStats) -> dict:

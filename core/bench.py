@@ -16,8 +16,8 @@ import numpy as np
 
 from .backend import default_cache_type, default_numerics
 from .batch import Batch
-from .context import Context, ContextParams, DecodeStatus
-from .errors import InvalidInputError, LLMError
+from .context import Context, ContextParams, check_status
+from .errors import InvalidInputError
 from .memory.masks import SparseParams
 from .models import Model
 
@@ -258,9 +258,7 @@ class Runner:
 
     @staticmethod
     def _decode(ctx: Context, batch: Batch, prompt: bool = False) -> None:
-        status = ctx.prompt(batch) if prompt else ctx.decode(batch)
-        if status != DecodeStatus.OK:
-            raise LLMError(f"decode failed ({status.name.lower().replace('_', ' ')}): {ctx.last_error}")
+        check_status(ctx, ctx.prompt(batch) if prompt else ctx.decode(batch))
 
 
 # ---- what the numbers were measured on ------------------------------------------------------

@@ -49,6 +49,13 @@ class DecodeStatus(IntEnum):
     COMPUTE_FAILED = -3
 
 
+def check_status(ctx: "Context", status: DecodeStatus) -> None:
+    """A failed decode as an exception: Ctrl-C (the decode rolled back) stays an interruption."""
+    if status == DecodeStatus.ABORTED:
+        raise KeyboardInterrupt
+    if status != DecodeStatus.OK:
+        raise LLMError(f"decode failed ({status.name.lower().replace('_', ' ')}): {ctx.last_error}")
+
 @dataclass
 class ContextParams(MemoryParams):
     """What a context is built with: the memory's parameters plus batching and the backend."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .batch import Batch
-from .errors import InvalidInputError
+from .errors import InvalidInputError, Interrupted
 
 # llama.cpp's llama_pooling_type values, as GGUF files store them (RANK is not supported here)
 POOLING_TYPES = {0: "none", 1: "mean", 2: "cls", 3: "last"}
@@ -66,9 +66,18 @@ def embed_inputs(ctx, inputs: list[list[int]], on_batch=None) -> list[np.ndarray
     """llama-embedding's loop: inputs as separate sequences, as many per batch as -b and the
     context's sequences allow, the memory cleared before each batch. Returns one pooled vector per
     input, or with pooling none one (n_tokens, n_embd) array per input. `on_batch(n_inputs)` sees
-    each batch done."""
+    each batch done; Ctrl-C raises Interrupted with the results of the inputs done."""
     n_batch, n_seq = ctx.prompt_batch, ctx.params.n_seq_max  # an encoder takes a batch in one micro-batch
     results: list[np.ndarray] = []
+    try:
+        _embed_groups(ctx, inputs, n_batch, n_seq, results, on_batch)
+    except KeyboardInterrupt:
+        raise Interrupted(list(results)) from None
+    return results
+
+
+def _embed_groups(ctx, inputs: list[list[int]], n_batch: int, n_seq: int, results: list, on_batch) -> None:
+    from .context import check_status  # here: the context module imports this one (pool)
     start = 0
     while start < len(inputs):
         end, n_tokens = start, 0
@@ -84,15 +93,14 @@ def embed_inputs(ctx, inputs: list[list[int]], on_batch=None) -> list[np.ndarray
                       seq_id=np.concatenate([np.full(len(t), s, np.int32) for s, t in enumerate(group)]),
                       output=np.ones(n_tokens, bool))
         ctx.clear()
-        if ctx.decode(batch) != 0:  # DecodeStatus.OK, tested as llama_decode's callers do
-            raise InvalidInputError(f"embedding inputs {start + 1}..{end} failed: {ctx.last_error}")
+        check_status(ctx, ctx.decode(batch))
         if ctx.pooling == "none":
             rows = ctx.backend.to_numpy(ctx.logits)
             offsets = np.cumsum([0] + [len(t) for t in group])
-            results += [rows[a:b].copy() for a, b in zip(offsets[:-1], offsets[1:])]
+            vectors = [rows[a:b].copy() for a, b in zip(offsets[:-1], offsets[1:])]
         else:
-            results += [ctx.get_embeddings_seq(s) for s in range(len(group))]
+            vectors = [ctx.get_embeddings_seq(s) for s in range(len(group))]
+        results += vectors  # in one step: an interrupt sees a group whole or not at all
         if on_batch:
             on_batch(len(group))
         start = end
-    return results

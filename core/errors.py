@@ -24,6 +24,15 @@ class HubError(LLMError):
     """A model could not be fetched or verified."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a long run (perplexity, KL-divergence, embeddings), carrying what the run had
+    finished before it as `partial`, of the type the run returns."""
+
+    def __init__(self, partial):
+        super().__init__("interrupted")
+        self.partial = partial
+
+
 def excerpt(value, limit: int = 40) -> str:
     """A short printable quotation of a value read from a file, for error messages: control
     characters and undecodable bytes escaped, anything long cut to about `limit` characters."""

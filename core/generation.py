@@ -15,8 +15,8 @@ from typing import Callable
 import numpy as np
 
 from .batch import Batch
-from .context import Context, DecodeStatus
-from .errors import InvalidInputError, LLMError
+from .context import Context, DecodeStatus, check_status
+from .errors import InvalidInputError
 from .sampling import Sampler
 
 PROMPT_MARGIN = 4  # llama-completion keeps 4 cells free beyond the prompt
@@ -44,14 +44,6 @@ def check_context_shift(ctx: Context, n_seqs: int) -> None:
 
 def decode_or_raise(ctx: Context, batch: Batch) -> None:
     check_status(ctx, ctx.decode(batch))
-
-
-def check_status(ctx: Context, status: DecodeStatus) -> None:
-    """A failed decode as an exception: Ctrl-C (the decode rolled back) stays an interruption."""
-    if status == DecodeStatus.ABORTED:
-        raise KeyboardInterrupt
-    if status != DecodeStatus.OK:
-        raise LLMError(f"decode failed ({status.name.lower().replace('_', ' ')}): {ctx.last_error}")
 
 
 def prefill(ctx: Context, tokens: list[int], seq_id: int = 0) -> None:

@@ -22,15 +22,15 @@ import hashlib
 import math
 import struct
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
 import numpy as np
 
 from .batch import Batch
-from .context import Context, DecodeStatus
-from .errors import InvalidInputError, LLMError
+from .context import Context, check_status
+from .errors import InvalidInputError, Interrupted
 from .vocab import Vocab
 
 KL_MAGIC, KL_VERSION = b"LLMKLBAS", 1
@@ -86,9 +86,7 @@ def chunk_logits(ctx: Context, tokens: np.ndarray, plan: ChunkPlan) -> Iterator[
             pos = np.tile(np.arange(batch_start, batch_start + size, dtype=np.int32), n_seq)
             batch = Batch(chunk_tokens.reshape(-1).astype(np.int32), pos=pos,
                           seq_id=np.repeat(np.arange(n_seq, dtype=np.int32), size), output=pos >= first)
-            status = ctx.decode(batch)
-            if status != DecodeStatus.OK:
-                raise LLMError(f"decode failed ({status.name.lower().replace('_', ' ')}): {ctx.last_error}")
+            check_status(ctx, ctx.decode(batch))
             if len(ctx.logits):  # the context reuses its buffer: copy when a chunk takes several decodes
                 logits = ctx.backend.to_numpy(ctx.logits)
                 per_seq = logits.reshape(n_seq, -1, logits.shape[1])
@@ -129,6 +127,9 @@ class PerplexityResult:
     count: int = 0
     seconds: float = 0.0
 
+    def snapshot(self) -> "PerplexityResult":
+        return replace(self, running_ppl=list(self.running_ppl))
+
     def add(self, nll: np.ndarray) -> float:
         self.nll += float(nll.sum())
         self.nll2 += float(np.square(nll).sum())
@@ -150,19 +151,24 @@ class PerplexityResult:
 
 def perplexity(ctx: Context, tokens: list[int], plan: ChunkPlan, on_chunk: Callable[[int, float], None] | None = None,
                kl_base: BinaryIO | None = None) -> PerplexityResult:
-    """Score every chunk; with `kl_base`, also write the base log-probabilities there."""
+    """Score every chunk; with `kl_base`, also write the base log-probabilities there. Ctrl-C
+    raises Interrupted with the result of the chunks done."""
     tokens_arr = np.asarray(tokens, dtype=np.int32)
-    result = PerplexityResult(plan)
+    result = done = PerplexityResult(plan)
     if kl_base is not None:
         write_kl_header(kl_base, ctx, tokens_arr[: plan.n_chunk * plan.n_ctx], plan)
     t0 = time.perf_counter()
-    for index, logits, targets in chunk_logits(ctx, tokens_arr, plan):
-        value = result.add(token_nll(logits, targets))
-        if kl_base is not None:
-            kl_base.write(quantize_log_probs(logits).tobytes())
-        if on_chunk:
-            on_chunk(index, value)
-    result.seconds = time.perf_counter() - t0
+    try:
+        for index, logits, targets in chunk_logits(ctx, tokens_arr, plan):
+            value = result.add(token_nll(logits, targets))
+            if kl_base is not None:
+                kl_base.write(quantize_log_probs(logits).tobytes())
+            result.seconds = time.perf_counter() - t0
+            done = result.snapshot()
+            if on_chunk:
+                on_chunk(index, value)
+    except KeyboardInterrupt:
+        raise Interrupted(done) from None
     return result
 
 
@@ -274,6 +280,9 @@ class KLStats:
     kld_values: list[np.ndarray] = field(default_factory=list)
     p_diff_values: list[np.ndarray] = field(default_factory=list)
 
+    def snapshot(self) -> "KLStats":
+        return replace(self, kld_values=list(self.kld_values), p_diff_values=list(self.p_diff_values))
+
     def add(self, logits: np.ndarray, base_logp: np.ndarray, targets: np.ndarray) -> None:
         rows = np.arange(len(targets))
         m, lse = log_softmax_parts(logits)
@@ -315,11 +324,17 @@ class KLStats:
 
 def kl_divergence(ctx: Context, base: KLBase, plan: ChunkPlan,
                   on_chunk: Callable[[int, KLStats], None] | None = None) -> KLStats:
-    stats = KLStats()
-    for index, logits, targets in chunk_logits(ctx, base.tokens, plan):
-        stats.add(logits, base.log_probs(index), targets)
-        if on_chunk:
-            on_chunk(index, stats)
+    """KL-divergence against the base, chunk by chunk; Ctrl-C raises Interrupted with the
+    statistics of the chunks done."""
+    stats = done = KLStats()
+    try:
+        for index, logits, targets in chunk_logits(ctx, base.tokens, plan):
+            stats.add(logits, base.log_probs(index), targets)
+            done = stats.snapshot()
+            if on_chunk:
+                on_chunk(index, stats)
+    except KeyboardInterrupt:
+        raise Interrupted(done) from None
     return stats
 
 
