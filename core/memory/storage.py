@@ -45,6 +45,8 @@ class KVStorage:
         else:
             block, type_size = GGML_QUANT_SIZES[self.qtype]
             self.data = np.zeros((n_stream, kv_size, dim // block * type_size), dtype=np.uint8)
+        if self.xp is np:  # commit the pages now, as llama.cpp clears a cache buffer when it makes it:
+            self.data.fill(0)  # the process holds its whole cache from the start, not more as cells fill
 
     @property
     def nbytes(self) -> int:
