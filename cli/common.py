@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import NoReturn
 
 import typer
-
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeRemainingColumn
 
