@@ -12,7 +12,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from .cache import cached, parallel_and_serial
-from .ir import I16, I32
+from .ir import I16, I32, fma
 from .scalar import FAST, fast_exp
 
 
@@ -56,17 +56,32 @@ def _geglu_row(h, out, i):
         out[i, j] = x / (np.float32(1) + fast_exp(np.float32(-2) * u)) * h[i, n_ff + j]
 
 
-@njit(fastmath=FAST, inline="always")
+@intrinsic
+def fused_multiply_add(typingctx, a, b, c):
+    """a·b + c rounded once (llvm.fma.f32), whatever the compiler would contract."""
+    if not (a == b == c == types.float32):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return fma(builder, *args)
+
+    return types.float32(a, b, c), codegen
+
+
+@njit(inline="always")
 def _rope_row(x, cos, sin, neox, out, t):
+    """ggml's rotate_pairs as GCC compiles it: the x1 products rounded, the x0 products fused
+    (docs/performance.md). Spelled out, and compiled without fastmath, so that a kernel fresh
+    from the compiler and one loaded from numba's cache give the same bits."""
     n, n_head, d = x.shape
     half = cos.shape[1]
     for h in range(n_head):
         out[t, h, 2 * half:] = x[t, h, 2 * half:]
         for i in range(half):
             a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
-            x0, x1 = x[t, h, a], x[t, h, b]
-            out[t, h, a] = x0 * cos[t, i] - x1 * sin[t, i]
-            out[t, h, b] = x0 * sin[t, i] + x1 * cos[t, i]
+            x0, x1, c, s = x[t, h, a], x[t, h, b], cos[t, i], sin[t, i]
+            out[t, h, a] = fused_multiply_add(x0, c, -(x1 * s))
+            out[t, h, b] = fused_multiply_add(x0, s, x1 * c)
 
 
 # Each row op is a parallel kernel for prompts and a serial twin (<name>_serial) for a few rows:
@@ -93,7 +108,7 @@ def rope_rows(x, cos, sin, neox, out):
 
 swiglu_rows, swiglu_rows_serial = parallel_and_serial(swiglu_rows, fastmath=FAST)
 geglu_rows, geglu_rows_serial = parallel_and_serial(geglu_rows, fastmath=FAST)
-rope_rows, rope_rows_serial = parallel_and_serial(rope_rows, fastmath=FAST)
+rope_rows, rope_rows_serial = parallel_and_serial(rope_rows)
 
 
 @intrinsic
