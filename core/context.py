@@ -37,7 +37,7 @@ STATE_MAGIC, SEQ_STATE_MAGIC = b"LLMSTATE", b"LLMSEQST"
 # --prompt-cache: sequence 0's, or the saved sequence's, at positions 0..n-1), the memory's own
 # fields, and a CRC-32 of all that. Keys are stored rotated to the positions recorded: a pending
 # K-shift is applied before writing, so no shift is saved.
-STATE_VERSION = 3
+STATE_VERSION = 4
 
 
 class DecodeStatus(IntEnum):

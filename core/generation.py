@@ -37,9 +37,9 @@ def check_prompt(ctx: Context, tokens: list[int]) -> None:
 def check_context_shift(ctx: Context, n_seqs: int) -> None:
     if n_seqs > 1:
         raise InvalidInputError("--context-shift moves one sequence's cached keys: drop -np")
-    if not ctx.memory.can_shift:
-        raise InvalidInputError(f"--context-shift moves cached keys; --kv {ctx.memory.kind} cannot (a window cache "
-                                "can with --swa-full)")
+    if ctx.memory.shift_refusal:
+        raise InvalidInputError(f"--context-shift drops the middle of a sequence and moves the rest down; "
+                                f"--kv {ctx.memory.kind} cannot: {ctx.memory.shift_refusal}")
 
 
 def decode_or_raise(ctx: Context, batch: Batch) -> None:

@@ -61,7 +61,7 @@ def check_flags(p) -> None:
         raise InvalidInputError(f"--ctx no-kv recomputes the prefix without a cache, so --kv {p.kv} cannot apply")
     if p.ctx == "decoder" and p.kv == "none":
         raise InvalidInputError("--ctx decoder decodes over a cache; use --ctx no-kv to run without one")
-    if p.swa_full and p.kv not in ("auto", "iswa"):
+    if p.swa_full and p.kv not in ("auto", "iswa", "hybrid"):
         raise InvalidInputError(f"--swa-full sizes the window cache of --kv iswa; --kv {p.kv} has none")
     _check_sparse(p.sparse)
 

@@ -47,6 +47,12 @@ PRESETS = {
     "mamba-130m": dict(arch="mamba", n_vocab=50280, n_embd=768, n_layer=24, d_inner=1536, d_state=16, d_conv=4,
                        dt_rank=48, n_ctx=1 << 20, eps=1e-5, matrix_type=Q.Q4_1, embd_type=Q.Q8_0,
                        file_type=F.MOSTLY_Q4_1),
+    # LFM2-350M (LiquidAI/LFM2-350M): 16 layers, attention in 2, 5, 8, 10, 12, 14 and gated short
+    # convolutions (3 taps) in the other 10; written F16 for --quantize Q4_K_M, the mix it ships in
+    "lfm2-350m": dict(arch="lfm2", n_vocab=65536, n_embd=1024, n_layer=16, n_head=16, n_head_kv=8, head_dim=64,
+                      n_ff=4608, n_ctx=128000, rope_base=1e6, eps=1e-5, l_cache=3,
+                      attention_layers=(2, 5, 8, 10, 12, 14), matrix_type=Q.F16, embd_type=Q.F16,
+                      file_type=F.MOSTLY_F16),
 }
 
 
@@ -69,23 +75,35 @@ def mamba_layer_tensors(p: dict, il: int) -> dict[str, tuple[tuple[int, ...], st
             f"{blk}.ssm_out.weight": ((e, di), "matrix")}
 
 
+def ffn_tensors(p: dict, blk: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    e, ff = p["n_embd"], p["n_ff"]
+    return {f"{blk}.ffn_norm.weight": ((e,), "norm"), f"{blk}.ffn_gate.weight": ((ff, e), "matrix"),
+            f"{blk}.ffn_up.weight": ((ff, e), "matrix"), f"{blk}.ffn_down.weight": ((e, ff), "matrix")}
+
+
+def short_conv_layer_tensors(p: dict, il: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    e, blk = p["n_embd"], f"blk.{il}"
+    return {f"{blk}.attn_norm.weight": ((e,), "norm"), f"{blk}.shortconv.in_proj.weight": ((3 * e, e), "matrix"),
+            f"{blk}.shortconv.conv.weight": ((e, p["l_cache"]), "f32"),
+            f"{blk}.shortconv.out_proj.weight": ((e, e), "matrix"), **ffn_tensors(p, blk)}
+
+
 def layer_tensors(p: dict, il: int) -> dict[str, tuple[tuple[int, ...], str]]:
     """name → (NumPy shape, kind) for one block: kinds "matrix", "norm", and for Mamba "f32"
     (an unquantized matrix), "bias" and "decay"."""
     if p["arch"] == "mamba":
         return mamba_layer_tensors(p, il)
-    e, hd, ff = p["n_embd"], p["head_dim"], p["n_ff"]
+    if p["arch"] == "lfm2" and il not in p["attention_layers"]:
+        return short_conv_layer_tensors(p, il)
+    e, hd = p["n_embd"], p["head_dim"]
     blk = f"blk.{il}"
     out = {f"{blk}.attn_norm.weight": ((e,), "norm"),
            f"{blk}.attn_q.weight": ((p["n_head"] * hd, e), "matrix"),
            f"{blk}.attn_k.weight": ((p["n_head_kv"] * hd, e), "matrix"),
            f"{blk}.attn_v.weight": ((p["n_head_kv"] * hd, e), "matrix"),
            f"{blk}.attn_output.weight": ((e, p["n_head"] * hd), "matrix"),
-           f"{blk}.ffn_norm.weight": ((e,), "norm"),
-           f"{blk}.ffn_gate.weight": ((ff, e), "matrix"),
-           f"{blk}.ffn_up.weight": ((ff, e), "matrix"),
-           f"{blk}.ffn_down.weight": ((e, ff), "matrix")}
-    if p["arch"] == "qwen3":
+           **ffn_tensors(p, blk)}
+    if p["arch"] in ("qwen3", "lfm2"):
         out.update({f"{blk}.attn_q_norm.weight": ((hd,), "norm"), f"{blk}.attn_k_norm.weight": ((hd,), "norm")})
     if p["arch"] == "gemma3":
         out.update({f"{blk}.attn_q_norm.weight": ((hd,), "norm"), f"{blk}.attn_k_norm.weight": ((hd,), "norm"),
@@ -104,7 +122,11 @@ def add_hparams(w: GGUFWriter, p: dict) -> None:
     w.add_block_count(p["n_layer"])
     w.add_feed_forward_length(p["n_ff"])
     w.add_head_count(p["n_head"])
-    w.add_head_count_kv(p["n_head_kv"])
+    if "attention_layers" in p:  # a hybrid: 0 KV heads marks a recurrent layer
+        w.add_array(f"{a}.attention.head_count_kv",
+                    [p["n_head_kv"] if il in p["attention_layers"] else 0 for il in range(p["n_layer"])])
+    else:
+        w.add_head_count_kv(p["n_head_kv"])
     w.add_key_length(p["head_dim"])
     w.add_value_length(p["head_dim"])
     w.add_rope_freq_base(p["rope_base"])
@@ -113,6 +135,8 @@ def add_hparams(w: GGUFWriter, p: dict) -> None:
     w.add_uint32(f"{a}.vocab_size", p["n_vocab"])
     if "sliding_window" in p:
         w.add_sliding_window(p["sliding_window"])
+    if "l_cache" in p:
+        w.add_uint32(f"{a}.shortconv.l_cache", p["l_cache"])
 
 
 def add_ssm_hparams(w: GGUFWriter, p: dict) -> None:
@@ -164,7 +188,8 @@ def write_random_model(preset: str, path: Path, seed: int = 0, n_ctx: int = 0, *
     w.add_file_type(p["file_type"])
     add_hparams(w, p)
     add_tokenizer(w, p["n_vocab"])
-    tensors = {"token_embd.weight": ((p["n_vocab"], p["n_embd"]), "embd"), "output_norm.weight": ((p["n_embd"],), "norm")}
+    final_norm = "token_embd_norm.weight" if p["arch"] == "lfm2" else "output_norm.weight"
+    tensors = {"token_embd.weight": ((p["n_vocab"], p["n_embd"]), "embd"), final_norm: ((p["n_embd"],), "norm")}
     for il in range(p["n_layer"]):
         tensors.update(layer_tensors(p, il))
     for name, (shape, kind) in tensors.items():

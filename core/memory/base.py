@@ -123,15 +123,57 @@ class MemoryContext(ABC):
         """Layer il's view for the current ubatch."""
 
 
+class FailedContext(MemoryContext):
+    """A batch that does not fit: nothing to apply."""
+
+    def __init__(self):
+        super().__init__(MemoryStatus.FAILED_PREPARE)
+
+    def apply(self) -> None:
+        raise RuntimeError("the batch did not fit the memory: nothing to apply")
+
+    def rollback(self) -> None:
+        pass
+
+    def layer(self, il: int):
+        raise RuntimeError("the batch did not fit the memory: no layer views")
+
+
 class Memory(ABC):
+    """A memory owns some layers (`layers`: layer → spec) and plans each batch in three steps:
+    `split` it into ubatches, `prepare` a placement of all of them without changing anything, then
+    hand both to `context`, whose apply() commits one ubatch at a time. A composite memory
+    (composite.py) splits once and lets every child prepare the same ubatches."""
     kind: str = ""
+    layers: dict = {}
+
+    # True where ubatches must take equal runs of tokens from each of their sequences (a recurrent
+    # state advances one sequence per row; per-sequence streams write one stream per row)
+    needs_equal_split: bool = False
+
+    def split(self, balloc: BatchAllocator, n_ubatch: int) -> list[UBatch]:
+        return balloc.split_equal(n_ubatch) if self.needs_equal_split else balloc.split_simple(n_ubatch)
 
     @abstractmethod
+    def prepare(self, ubatches: list[UBatch]):
+        """Where every ubatch would go, in order (None: they do not all fit); changes nothing."""
+
+    @abstractmethod
+    def context(self, ubatches: list[UBatch], placement) -> MemoryContext:
+        """The context that applies `ubatches` where `prepare` placed them."""
+
     def init_batch(self, balloc: BatchAllocator, n_ubatch: int) -> MemoryContext:
         """Split the batch and place every ubatch; never mutates the memory."""
+        ubatches = self.split(balloc, n_ubatch)
+        placement = self.prepare(ubatches)
+        return FailedContext() if placement is None else self.context(ubatches, placement)
 
     # what a failed partial seq_rm says, for the caller's message
     refusal: str = ""
+
+    def removal_refusal(self, seq: int, p0: int = -1, p1: int = -1) -> str:
+        """Why seq_rm(seq, p0, p1) would be refused ("": it would not); changes nothing."""
+        return ""
 
     def update(self, backend) -> bool:
         """Apply pending work (the K-shift, with `backend`'s rope); True if anything changed."""
@@ -170,7 +212,14 @@ class Memory(ABC):
 
     @property
     def can_shift(self) -> bool:
-        return True
+        """A context shift (drop part of a sequence, move the rest down) can be done."""
+        return not self.shift_refusal
+
+    @property
+    def shift_refusal(self) -> str:
+        """Why this memory cannot do a context shift ("": it can), ending a sentence that starts
+        "--context-shift drops the middle of a sequence and moves the rest down; ..."."""
+        return ""
 
     @property
     @abstractmethod

@@ -15,6 +15,7 @@ import numpy as np
 from ..backend import default_cache_type
 from ..errors import InvalidInputError
 from .base import Memory
+from .composite import HybridMemory
 from .iswa import KVCacheISWA, swa_cache_size
 from .kv_cache import KVCache
 from .masks import TOPK_AUTO_MIN_KV, TOPK_AUTO_RATIO, BlockTopK, IndexerTopK, MaskProducer, SparseParams
@@ -82,9 +83,20 @@ def mask_producers(spec: MemorySpec, p: MemoryParams) -> dict[int, MaskProducer]
 def default_kind(spec: MemorySpec) -> str:
     if spec.layers and len(spec.of(RecurrentSpec)) == len(spec.layers):
         return "recurrent"
+    if spec.of(RecurrentSpec):
+        return "hybrid"
     if _latent(spec):
         return "dsa" if _indexed(spec) else "mla"
+    return _attention_kind(spec)
+
+
+def _attention_kind(spec: MemorySpec) -> str:
+    """The default cache of the attention layers."""
     return "iswa" if spec.window_layers else "unified"
+
+
+def _hybrid(spec: MemorySpec) -> bool:
+    return bool(spec.of(RecurrentSpec)) and bool(spec.of(AttnSpec))
 
 
 def _latent(spec: MemorySpec) -> bool:
@@ -114,9 +126,10 @@ def create_memory(plan, p: MemoryParams, backend) -> Memory:
 # ---- the kinds ---------------------------------------------------------------------------
 
 def _attention_only(name: str):
+    """Refusals of an attention cache: on a hybrid model it is the attention part of --kv hybrid."""
     def refuses(spec: MemorySpec, arch: str, p: MemoryParams) -> str | None:
-        if spec.of(RecurrentSpec):
-            return (f"--kv {name} caches attention keys and values; {arch} has recurrent layers "
+        if spec.of(RecurrentSpec) and not spec.of(AttnSpec):
+            return (f"--kv {name} caches attention keys and values; {arch} has recurrent layers only "
                     f"(use --kv {default_kind(spec)} or --kv none)")
         if name == "iswa" and not spec.window_layers:
             return f"--kv iswa needs sliding-window layers; {arch} has none"
@@ -130,8 +143,9 @@ def _attention_only(name: str):
 
 
 def _kv_bytes(spec: MemorySpec, p: MemoryParams, n_cells: int, window_cells: int | None = None) -> int:
-    """Bytes of K/V rows: n_cells per layer, or window_cells for the windowed layers if given."""
-    total = 0
+    """Bytes of K/V rows: n_cells per layer, or window_cells for the windowed layers if given; and
+    of the recurrent states of a hybrid model's other layers."""
+    total = _state_bytes(spec, p)
     for il, layer in spec.of(AttnSpec).items():
         cells = window_cells if window_cells is not None and layer.window > 0 else n_cells
         total += cells * (row_bytes(p.type_k, layer.k_width) + row_bytes(p.type_v, layer.v_width))
@@ -148,22 +162,47 @@ def _window(spec: MemorySpec) -> dict:
     return dict(n_swa=spec.window, swa_layers=spec.window_layers) if spec.window_layers else {}
 
 
+def _with_recurrent(spec: MemorySpec, p: MemoryParams, backend, attention: Memory) -> Memory:
+    """An attention cache alone, or on a hybrid model beside the recurrent states (--kv hybrid)."""
+    if not spec.of(RecurrentSpec):
+        return attention
+    return HybridMemory(attention, _recurrent(spec, p, backend))
+
+
 @memory_kind("unified", lambda spec, p: _kv_bytes(spec, p, p.n_ctx), _attention_only("unified"))
 def _unified(spec: MemorySpec, p: MemoryParams, backend) -> Memory:
-    return KVCache(spec.of(AttnSpec), p.n_ctx, p.n_seq_max, 1, p.type_k, p.type_v, kind="unified", backend=backend,
-                   producers=mask_producers(spec, p), **_window(spec))
+    cache = KVCache(spec.of(AttnSpec), p.n_ctx, p.n_seq_max, 1, p.type_k, p.type_v, kind="unified", backend=backend,
+                    producers=mask_producers(spec, p), **_window(spec))
+    return _with_recurrent(spec, p, backend, cache)
 
 
 @memory_kind("split", lambda spec, p: _kv_bytes(spec, p, p.n_ctx), _attention_only("split"))
 def _split(spec: MemorySpec, p: MemoryParams, backend) -> Memory:
-    return KVCache(spec.of(AttnSpec), p.n_ctx // p.n_seq_max, p.n_seq_max, p.n_seq_max, p.type_k, p.type_v,
-                   kind="split", producers=mask_producers(spec, p), backend=backend, **_window(spec))
+    cache = KVCache(spec.of(AttnSpec), p.n_ctx // p.n_seq_max, p.n_seq_max, p.n_seq_max, p.type_k, p.type_v,
+                    kind="split", producers=mask_producers(spec, p), backend=backend, **_window(spec))
+    return _with_recurrent(spec, p, backend, cache)
 
 
 @memory_kind("iswa", lambda spec, p: _kv_bytes(spec, p, p.n_ctx, _window_cells(spec, p)), _attention_only("iswa"))
 def _iswa(spec: MemorySpec, p: MemoryParams, backend) -> Memory:
-    return KVCacheISWA(spec.of(AttnSpec), set(spec.window_layers), p.n_ctx, spec.window, p.n_ubatch, p.n_seq_max,
-                       p.type_k, p.type_v, p.swa_full, producers=mask_producers(spec, p), backend=backend)
+    cache = KVCacheISWA(spec.of(AttnSpec), set(spec.window_layers), p.n_ctx, spec.window, p.n_ubatch, p.n_seq_max,
+                        p.type_k, p.type_v, p.swa_full, producers=mask_producers(spec, p), backend=backend)
+    return _with_recurrent(spec, p, backend, cache)
+
+
+def _hybrid_only(spec: MemorySpec, arch: str, p: MemoryParams) -> str | None:
+    if not _hybrid(spec):
+        return (f"--kv hybrid pairs an attention cache with recurrent states; {arch} has "
+                f"{'recurrent' if spec.of(RecurrentSpec) else 'attention'} layers only (use --kv {default_kind(spec)})")
+    return MEMORY_KINDS[_attention_kind(spec)].refuses(spec, arch, p)
+
+
+@memory_kind("hybrid", lambda spec, p: MEMORY_KINDS[_attention_kind(spec)].nbytes(spec, p), _hybrid_only)
+def _hybrid_memory(spec: MemorySpec, p: MemoryParams, backend) -> Memory:
+    """llama_memory_hybrid: the model's default attention cache (unified, or iSWA where it has
+    windows) for its attention layers, recurrent states for the others; --kv unified, split or
+    iswa choose the attention part instead."""
+    return MEMORY_KINDS[_attention_kind(spec)].build(spec, p, backend)
 
 
 def _latent_only(name: str):
@@ -202,8 +241,12 @@ def _recurrent_only(spec: MemorySpec, arch: str, p: MemoryParams) -> str | None:
     return None
 
 
-@memory_kind("recurrent", lambda spec, p: 4 * p.n_seq_max * sum(s.n_floats for s in spec.of(RecurrentSpec).values()),
-             _recurrent_only, holds_kv=False)
+def _state_bytes(spec: MemorySpec, p: MemoryParams) -> int:
+    """The float32 recurrent states of every sequence."""
+    return 4 * p.n_seq_max * sum(s.n_floats for s in spec.of(RecurrentSpec).values())
+
+
+@memory_kind("recurrent", _state_bytes, _recurrent_only, holds_kv=False)
 def _recurrent(spec: MemorySpec, p: MemoryParams, backend) -> Memory:
     return RecurrentMemory(spec.of(RecurrentSpec), p.n_seq_max, xp=backend.xp)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..batch import POS_LIMIT, BatchAllocator, UBatch
+from ..batch import POS_LIMIT, UBatch
 from ..errors import InvalidInputError
 from ..statefile import StateReader, StateWriter
 from .base import AttnGroup, BoundAttnView, LoadedState, Memory, MemoryContext, MemoryStatus, open_range
@@ -101,9 +101,10 @@ class KVCache(Memory):
                           for il in layers}
         self.bounds = {il: self._bounds_for(il, p) for il, p in self.producers.items() if isinstance(p, BlockTopK)}
 
-    def seq_capacity(self) -> int:
-        """A sequence's stream: the whole cache, or with one stream per sequence (--kv split) its own."""
-        return self.kv_size
+    def seq_capacity(self) -> int | None:
+        """A sequence's stream: the whole cache, or with one stream per sequence (--kv split) its own;
+        no bound where cells out of the window are reused (iSWA's window cache wraps around)."""
+        return None if self.reuses_cells else self.kv_size
 
     def _bounds_for(self, il: int, producer: "BlockTopK") -> BlockBounds:
         """Block bounds of layer il's keys, kept stale-marked by every write to its K storage."""
@@ -129,15 +130,16 @@ class KVCache(Memory):
 
     # ---- planning ------------------------------------------------------------------------
 
-    def init_batch(self, balloc: BatchAllocator, n_ubatch: int) -> "KVCacheContext":
-        ubatches = balloc.split_simple(n_ubatch) if self.n_stream == 1 else balloc.split_equal(n_ubatch)
-        slots = self.prepare(ubatches)
-        if slots is None:
-            return KVCacheContext(self, MemoryStatus.FAILED_PREPARE)
+    @property
+    def needs_equal_split(self) -> bool:
+        return self.n_stream > 1
+
+    def context(self, ubatches: list[UBatch], slots) -> "KVCacheContext":
         return KVCacheContext(self, MemoryStatus.SUCCESS, ubatches, slots)
 
     def prepare(self, ubatches: list[UBatch]):
-        """Dry run: place every ubatch in turn, then put the cells back as they were."""
+        """Dry run: place every ubatch in turn (the (stream, cell) slots of each), then put the cells
+        back as they were."""
         saved, saved_heads = [c.snapshot() for c in self.cells], list(self.heads)
         slots = []
         try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..batch import POS_LIMIT, BatchAllocator, UBatch
+from ..batch import POS_LIMIT, UBatch
 from ..statefile import StateReader, StateWriter
 from .base import AttnGroup, BoundAttnView, LoadedState, Memory, MemoryContext, MemoryStatus, open_range
 from .masks import BlockTopK, CausalMask, KeyBounds, MaskProducer, WindowMask
@@ -34,8 +34,12 @@ class NoKVMemory(Memory):
             return self.producers[il]
         return self.window if il in self.swa_layers and self.n_swa > 0 else self.causal
 
-    def init_batch(self, balloc: BatchAllocator, n_ubatch: int) -> "NoKVContext":
-        return NoKVContext(self, MemoryStatus.SUCCESS, balloc.split_simple(n_ubatch))
+    def prepare(self, ubatches: list[UBatch]) -> bool:
+        """A history grows without bound: every batch fits."""
+        return True
+
+    def context(self, ubatches: list[UBatch], placement) -> "NoKVContext":
+        return NoKVContext(self, MemoryStatus.SUCCESS, ubatches)
 
     def history(self, seq: int) -> tuple[np.ndarray, np.ndarray]:
         return self.tokens[seq], self.pos[seq]

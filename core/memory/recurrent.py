@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..batch import POS_LIMIT, BatchAllocator
+from ..batch import POS_LIMIT, UBatch
 from ..statefile import StateReader, StateWriter
 from .base import LoadedState, Memory, MemoryContext, MemoryStatus, open_range
 from .spec import RecurrentSpec
@@ -27,10 +27,14 @@ class RecurrentMemory(Memory):
         self.ssm = {il: xp.zeros((n_seq_max, *s.ssm_shape), dtype=np.float32) for il, s in layers.items()}
         self.pos = np.full(n_seq_max, -1, dtype=np.int32)  # the position each state has seen last
 
-    def init_batch(self, balloc: BatchAllocator, n_ubatch: int) -> "RecurrentContext":
-        """Every sequence owns its cell, so a batch always fits; ubatches take equal runs of
-        tokens from each of their sequences."""
-        return RecurrentContext(self, MemoryStatus.SUCCESS, balloc.split_equal(n_ubatch))
+    needs_equal_split = True  # a ubatch advances each of its sequences' states by the same run
+
+    def prepare(self, ubatches: list[UBatch]) -> bool:
+        """Every sequence owns its cell (the batch allocator checked the ids): a batch always fits."""
+        return True
+
+    def context(self, ubatches: list[UBatch], placement) -> "RecurrentContext":
+        return RecurrentContext(self, MemoryStatus.SUCCESS, ubatches)
 
     # ---- sequence operations -------------------------------------------------------------
 
@@ -42,24 +46,28 @@ class RecurrentMemory(Memory):
     def clear(self) -> None:
         self._reset(slice(None))
 
-    def _removal(self, seq: int, p0: int, p1: int) -> str | None:
-        """'all', 'none', or None with `refusal` set when [p0, p1) cuts into the state's history."""
+    def _removal(self, seq: int, p0: int, p1: int) -> str:
+        """'all' or 'none' where [p0, p1) takes the whole state or misses it; else the refusal."""
         pos = int(self.pos[seq])
         if pos < 0 or p0 > pos:
             return "none"
         if p0 <= 0 and p1 > pos:
             return "all"
-        self.refusal = (f"sequence {seq} is a recurrent state at position {pos}; it can be removed whole, "
-                        f"not positions {p0}..{'end' if p1 >= POS_LIMIT else p1 - 1}")
-        return None
+        return (f"sequence {seq} is a recurrent state at position {pos}; it can be removed whole, "
+                f"not positions {p0}..{'end' if p1 >= POS_LIMIT else p1 - 1}")
+
+    def _removals(self, seq: int, p0: int, p1: int) -> dict[int, str]:
+        p0, p1 = open_range(p0, p1)
+        return {s: self._removal(s, p0, p1) for s in (range(self.n_seq_max) if seq < 0 else [seq])}
+
+    def removal_refusal(self, seq: int, p0: int = -1, p1: int = -1) -> str:
+        return next((what for what in self._removals(seq, p0, p1).values() if what not in ("all", "none")), "")
 
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
-        p0, p1 = open_range(p0, p1)
-        seqs = range(self.n_seq_max) if seq < 0 else [seq]
-        plan = {s: self._removal(s, p0, p1) for s in seqs}
-        if None in plan.values():
+        self.refusal = self.removal_refusal(seq, p0, p1)
+        if self.refusal:
             return False
-        self._reset([s for s, what in plan.items() if what == "all"])
+        self._reset([s for s, what in self._removals(seq, p0, p1).items() if what == "all"])
         return True
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
@@ -92,9 +100,9 @@ class RecurrentMemory(Memory):
         return int(self.pos[seq])
 
     @property
-    def can_shift(self) -> bool:
-        """A state summarises its whole history: no position in it can move (llama.cpp: no context shift)."""
-        return False
+    def shift_refusal(self) -> str:
+        """A state summarises its whole history and cannot forget part of it (llama.cpp: no context shift)."""
+        return "a recurrent state summarises its whole history and cannot drop part of it"
 
     def seq_pos_max(self, seq: int) -> int:
         return int(self.pos[seq])

@@ -52,9 +52,10 @@ class AttnSpec:
 @dataclass(frozen=True)
 class RecurrentSpec:
     """A recurrent layer: per sequence, the conv state (the last d_conv - 1 inputs of its
-    channels) and the SSM state, both float32."""
+    channels) and the SSM state, both float32. A layer that is a short convolution only (LFM2)
+    keeps an SSM state of no elements, shape (0,): every memory operation still covers it."""
     conv_shape: tuple[int, int]  # (d_conv - 1, channels)
-    ssm_shape: tuple[int, ...]  # (heads, head_dim, d_state)
+    ssm_shape: tuple[int, ...] = (0,)  # (heads, head_dim, d_state)
 
     @property
     def n_floats(self) -> int:

@@ -45,6 +45,7 @@ class HParams:
     n_swa: int = 0
     swa_layers: frozenset[int] = field(default_factory=frozenset)
     rope_freq_base_swa: float | None = None
+    recurrent_layers: frozenset[int] = field(default_factory=frozenset)  # a hybrid's layers without attention
 
     def is_swa(self, il: int) -> bool:
         return il in self.swa_layers
@@ -73,14 +74,20 @@ MAX_VOCAB = 1 << 24
 MAX_ROPE_BASE = 1e12  # real models use up to ~1e7; float32 must hold its powers
 
 
-def read_hparams(gguf: GGUFFile, arch: str, block_prefix: str = "blk.") -> HParams:
+def read_hparams(gguf: GGUFFile, arch: str, block_prefix: str = "blk.", hybrid: bool = False) -> HParams:
     """The hyper-parameters every transformer GGUF carries, checked for type, range and
-    consistency with each other and with the tensors in the file (blocks named block_prefix N.)."""
+    consistency with each other and with the tensors in the file (blocks named block_prefix N.).
+    A `hybrid` architecture marks its recurrent layers with a 0 in a per-layer head_count_kv."""
     key = lambda name: f"{arch}.{name}"  # noqa: E731
     get = lambda name, *a, **kw: gguf.get_int(key(name), *a, per_layer=True, **kw)  # noqa: E731
     n_embd = get("embedding_length", lo=1, hi=MAX_EMBD)
     n_head = get("attention.head_count", lo=1, hi=MAX_HEADS)
-    n_head_kv = get("attention.head_count_kv", n_head, lo=1, hi=n_head)
+    n_layer = count_blocks(gguf, get("block_count", lo=1, hi=MAX_LAYERS), block_prefix)
+    recurrent = frozenset()
+    if hybrid:
+        n_head_kv, recurrent = read_layer_kinds(gguf, key("attention.head_count_kv"), n_layer, n_head)
+    else:
+        n_head_kv = get("attention.head_count_kv", n_head, lo=1, hi=n_head)
     if n_head % n_head_kv:
         raise ModelFileError(f"{gguf.path}: head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
     if key("attention.key_length") not in gguf.metadata and n_embd % n_head:
@@ -96,7 +103,7 @@ def read_hparams(gguf: GGUFFile, arch: str, block_prefix: str = "blk.") -> HPara
         n_vocab=n_vocab,
         n_ctx_train=get("context_length", lo=1, hi=POS_LIMIT),
         n_embd=n_embd,
-        n_layer=count_blocks(gguf, get("block_count", lo=1, hi=MAX_LAYERS), block_prefix),
+        n_layer=n_layer,
         n_head=n_head,
         n_head_kv=n_head_kv,
         head_dim_k=head_dim_k,
@@ -106,7 +113,31 @@ def read_hparams(gguf: GGUFFile, arch: str, block_prefix: str = "blk.") -> HPara
         rms_eps=gguf.get_float(key("attention.layer_norm_rms_epsilon"), 1e-5, hi=1.0, positive=True),
         rope_freq_base=gguf.get_float(key("rope.freq_base"), 10000.0, hi=MAX_ROPE_BASE, positive=True),
         rope_freq_scale=1.0 / gguf.get_float(key("rope.scale_linear"), 1.0, lo=1e-6, hi=1e6),
+        recurrent_layers=recurrent,
     )
+
+
+def read_layer_kinds(gguf: GGUFFile, key: str, n_layer: int, n_head: int) -> tuple[int, frozenset[int]]:
+    """A hybrid's per-layer head_count_kv (as llama.cpp reads it: 0 makes a layer recurrent):
+    the KV head count of its attention layers and the set of its recurrent layers."""
+    values = gguf.metadata.get(key)
+    if values is None:
+        raise ModelFileError(f"{gguf.path}: metadata {key} is missing; a hybrid model gives it per layer "
+                             "(0: a recurrent layer)")
+    if isinstance(values, int) and not isinstance(values, bool):
+        values = np.full(n_layer, values)
+    if not isinstance(values, np.ndarray) or values.dtype.kind not in "iu" or values.ndim != 1:
+        raise ModelFileError(f"{gguf.path}: metadata {key} is not an integer or an array of integers")
+    if len(values) != n_layer:
+        raise ModelFileError(f"{gguf.path}: metadata {key} has {len(values)} values but block_count is {n_layer}")
+    kv = sorted(set(values.tolist()) - {0})
+    if not kv:
+        raise ModelFileError(f"{gguf.path}: metadata {key} makes every layer recurrent; this architecture "
+                             "has attention layers")
+    if len(kv) > 1 or not 1 <= kv[0] <= n_head:
+        raise UnsupportedError(f"{gguf.path}: metadata {key} gives attention layers {kv} KV heads; this engine "
+                               f"runs hybrids whose attention layers share one count from 1 to head_count {n_head}")
+    return kv[0], frozenset(np.flatnonzero(values == 0).tolist())
 
 
 def count_blocks(gguf: GGUFFile, n_layer: int, prefix: str = "blk.", key: str = "block_count") -> int:
@@ -204,10 +235,14 @@ class Model:
         `attn_impls`): here every layer is attention as the decoder hyper-parameters describe it;
         other architectures declare their own."""
         hp = self.hparams
-        layers = {il: AttnSpec(hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, hp.n_swa if hp.is_swa(il) else 0,
-                               RopeSpec(hp.n_rot, hp.rope_base(il), hp.rope_freq_scale, hp.rope_neox))
-                  for il in range(hp.n_layer)}
-        return MemorySpec(layers, hp.n_vocab)
+        return MemorySpec({il: self.attention_spec(il) for il in range(hp.n_layer)}, hp.n_vocab)
+
+    def attention_spec(self, il: int, rope: bool = True) -> AttnSpec:
+        """Attention layer il's cache as the hyper-parameters describe it (rope False: keys carry
+        no rotation, so a shift moves nothing)."""
+        hp = self.hparams
+        return AttnSpec(hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, hp.n_swa if hp.is_swa(il) else 0,
+                        RopeSpec(hp.n_rot, hp.rope_base(il), hp.rope_freq_scale, hp.rope_neox) if rope else None)
 
     @property
     def is_recurrent(self) -> bool:
