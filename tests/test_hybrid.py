@@ -326,3 +326,91 @@ def test_a_broken_hybrid_gguf_is_one_clear_sentence(tmp_path, name, edit, messag
     with pytest.raises((ModelFileError, UnsupportedError), match=message) as err:
         load_model(mutant_file(path(name), tmp_path, edit))
     assert "\n" not in str(err.value)
+
+
+# ---- the tools ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_perplexity_and_kl_divergence(name, tmp_path):
+    """llama-perplexity -c 128 --chunks 6 on hamlet.md within 0.5 % (measured: granite 1e-6, lfm2
+    9e-5 relative), over several sequences at once; then the KL-divergence against its own base."""
+    from llmsuite.core.perplexity import kl_divergence, perplexity, plan_chunks, read_kl_base
+
+    text = (FIXTURES / "hamlet.md").read_text()
+    m = model(name)
+    tokens = m.vocab.tokenize(text[:-1] if text.endswith("\n") else text, add_special=True)
+    plan = plan_chunks(len(tokens), 128, 2048, 6)
+    ctx = Context(m, ContextParams(n_ctx=plan.n_seq * 128, n_batch=plan.n_batch, n_seq_max=plan.n_seq))
+    with open(tmp_path / "base.kld", "wb") as f:
+        result = perplexity(ctx, tokens, plan, kl_base=f)
+    expected = load_fixture("tiny/perplexity-hamlet.json")["final"][f"tiny-{name}"]
+    assert plan.n_seq > 1 and abs(result.ppl / expected - 1) < 5e-3, (result.ppl, expected)
+    same = kl_divergence(ctx, read_kl_base(tmp_path / "base.kld"), plan)
+    assert same.n_same_top == same.count and abs(same.sum_kld / same.count) < 0.5 * 16 / 65535
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_parallel_completions_each_equal_one_alone(name):
+    from llmsuite.core.generation import generate
+    from llmsuite.core.sampling import Sampler, SamplerParams
+
+    prompt = reference(name)["ids"][:20]
+    alone = generate(Context(model(name), ContextParams(n_ctx=128)), Sampler(SamplerParams(seed=7)), prompt,
+                     n_predict=8)[0].tokens
+    ctx = Context(model(name), ContextParams(n_ctx=128, n_seq_max=3))
+    results = generate(ctx, [Sampler(SamplerParams(seed=s)) for s in (7, 7, 8)], prompt, n_predict=8)
+    assert results[0].tokens == alone and results[1].tokens == alone and len(results[2].tokens) == 8
+
+
+def test_prompt_cache_reuses_a_prefix_and_never_steps_back(tmp_path):
+    """A saved hybrid state is reused where the new prompt extends it; where the prompt ends inside
+    it, the recurrent part cannot step back and the prompt is decoded anew (as for Mamba)."""
+    from llmsuite.core.generation import generate
+    from llmsuite.core.sampling import Sampler, SamplerParams
+
+    ids, cache = reference("lfm2")["ids"], tmp_path / "prompt.state"
+    greedy = lambda: Sampler(SamplerParams(temp=0.0))  # noqa: E731
+    fresh = generate(Context(model("lfm2"), ContextParams(n_ctx=128)), greedy(), ids[:30], n_predict=4)[0]
+    generate(Context(model("lfm2"), ContextParams(n_ctx=128)), greedy(), ids[:20], n_predict=1, prompt_cache=cache)
+    longer = Context(model("lfm2"), ContextParams(n_ctx=128))
+    assert generate(longer, greedy(), ids[:30], n_predict=4, prompt_cache=cache)[0].tokens == fresh.tokens
+    assert longer.perf.n_p_eval == 10
+    same = Context(model("lfm2"), ContextParams(n_ctx=128))
+    assert generate(same, greedy(), ids[:30], n_predict=4, prompt_cache=cache)[0].tokens == fresh.tokens
+    assert same.perf.n_p_eval == 30
+
+
+def llm(*args):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "llmsuite.cli.main", *map(str, args)], capture_output=True,
+                          text=True, timeout=300, stdin=subprocess.DEVNULL)
+
+
+def test_embed_pools_each_text_over_its_tokens():
+    """llm embed --pooling mean: each text's vector is the mean of its per-token hidden states."""
+    import json
+
+    texts = ["To be, or not to be", "that is the question"]
+    pooled = llm("embed", "-m", path("lfm2"), "--pooling", "mean", "--embd-normalize", "-1", "-o", "json", *texts)
+    tokens = llm("embed", "-m", path("lfm2"), "--pooling", "none", "--embd-normalize", "-1", "-o", "json", *texts)
+    assert pooled.returncode == 0 and tokens.returncode == 0, pooled.stderr + tokens.stderr
+    means = [np.array(d["embedding"]) for d in json.loads(pooled.stdout)["data"]]
+    rows = np.array([d["embedding"] for d in json.loads(tokens.stdout)["data"]])  # every token, text after text
+    counts = [len(model("lfm2").vocab.tokenize(t, add_special=True)) for t in texts]
+    assert len(means) == 2 and len(rows) == sum(counts) and min(counts) > 1
+    for mean, own in zip(means, np.split(rows, np.cumsum(counts)[:-1])):
+        assert np.abs(own.mean(axis=0) - mean).max() < 1e-5
+
+
+def test_generate_chat_and_refusals_on_the_command_line():
+    r = llm("generate", "-m", path("granite-hybrid"), "-p", "To be", "-n", "4", "-np", "2", "--temp", "0")
+    assert r.returncode == 0, r.stderr
+    r = llm("generate", "-m", path("lfm2"), "--chat", "--chat-template", "chatml", "-p", "hi", "-n", "3", "--temp", "0",
+            "-v")
+    assert r.returncode == 0 and "memory: hybrid" in r.stderr, r.stderr
+    r = llm("generate", "-m", path("lfm2"), "-p", "To be", "-n", "4", "--context-shift")
+    assert r.returncode != 0 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
+    assert "--context-shift drops the middle of a sequence" in r.stderr
+    r = llm("generate", "-m", path("lfm2"), "-p", "To be", "-n", "4", "--kv", "recurrent")
+    assert r.returncode != 0 and r.stdout == "" and "use --kv hybrid" in r.stderr

@@ -94,6 +94,18 @@ def k_scale_min(e: BlockReader, j: int):
     return sc, mn
 
 
+def k_scale_min_words(e: BlockReader):
+    """Q4_K/Q5_K's 8 scales and 8 mins, 6 bits each in 12 bytes at offset 4, as four u32 words of
+    one byte per sub-block (scales 0-3, 4-7, mins 0-3, 4-7): three loads and a few masks for the
+    whole super-block, as ggml's AVX2 dot unpacks them (k_scale_min, one sub-block, agrees)."""
+    b, c = e.b, (lambda v: ir.Constant(I32, v))
+    u0, u1, u2 = (e.word(4 + 4 * i) for i in range(3))
+    low6, low4, top2 = c(0x3F3F3F3F), c(0x0F0F0F0F), c(0x03030303)
+    scales_hi = b.or_(b.and_(u2, low4), b.shl(b.and_(b.lshr(u0, c(6)), top2), c(4)))
+    mins_hi = b.or_(b.and_(b.lshr(u2, c(4)), low4), b.shl(b.and_(b.lshr(u1, c(6)), top2), c(4)))
+    return b.and_(u0, low6), scales_hi, b.and_(u1, low6), mins_hi
+
+
 def k_codes(e: BlockReader, j: int, q5: bool, h: int = 0):
     """Q4_K/Q5_K sub-block j's codes from its byte h on: a nibble, and Q5_K's fifth bit (bit j of
     the 32 bytes at offset 16)."""
