@@ -21,7 +21,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .cache import cached, parallel_and_serial
-from .ir import I32, I64, LANES, VF32, arrays, fma, reduce_add, splat, widen_halves
+from .ir import I32, I64, LANES, VF32, arrays, call, fma, reduce_add, splat, widen_halves
 from .scalar import FAST, as_f32, fast_exp
 
 # Cells per chunk of attend_rows: a whole number of chunks per task (two tasks per thread) where
@@ -51,6 +51,24 @@ def _cell_base(builder, rows, cells, j, col):
 
 
 CELLS_PER_STEP = 4  # cells whose dots run side by side (independent accumulators)
+
+
+def _element_size(context, dtype) -> int:
+    return context.get_abi_sizeof(context.get_data_type(dtype))
+
+
+def _prefetch_next_slice(builder, rows, base, n_values, size: int):
+    """Ask for the n_values (of `size` bytes) after rows' flat element `base`: the next KV head's
+    slice of the same cell, which the next pass over the chunk reads. A decode at depth streams the
+    cache from DRAM at a row's stride, one head at a time; asked for a pass ahead, the next pass
+    finds its slices in cache (LFM2-350M-shaped, 8192 cells: 7-13 GB/s before, 14-18 after)."""
+    start = builder.bitcast(builder.gep(rows.data, [builder.add(base, n_values)]), ir.IntType(8).as_pointer())
+    n_lines = builder.udiv(builder.add(builder.mul(n_values, ir.Constant(I64, size)), ir.Constant(I64, 63)),
+                           ir.Constant(I64, 64))
+    with cgutils.for_range(builder, n_lines) as line:
+        call(builder, "llvm.prefetch.p0", ir.VoidType(),
+             [builder.gep(start, [builder.mul(line.index, ir.Constant(I64, 64))]), ir.Constant(I32, 0),
+              ir.Constant(I32, 2), ir.Constant(I32, 1)])
 
 
 def _halves(builder, a, b, width):
@@ -109,9 +127,13 @@ def _scores_intrinsic(n_heads: int):
             n_steps = builder.udiv(builder.sub(j1_, j0_), ir.Constant(I64, CELLS_PER_STEP))
             dtype = sig.args[3].dtype
 
+            n_values = builder.extract_value(q_arr.shape, 1)
+
             def dots(first, count):
                 bases = [_cell_base(builder, r_arr, c_arr, builder.add(first, ir.Constant(I64, i)), col_)
                          for i in range(count)]
+                for base in bases:
+                    _prefetch_next_slice(builder, r_arr, base, n_values, _element_size(context, dtype))
                 accs = [[cgutils.alloca_once_value(builder, ir.Constant(VF32, None)) for _ in range(count)]
                         for _ in q_rows]
                 with cgutils.for_range(builder, n16) as loop:
@@ -166,6 +188,8 @@ def _values_intrinsic(n_heads: int):
                         for head_ptrs in ptrs]
                 with cgutils.for_range_slice(builder, j0_, j1_, ir.Constant(I64, 1)) as (j, _):
                     base = _cell_base(builder, r_arr, c_arr, j, col_)
+                    _prefetch_next_slice(builder, r_arr, base, builder.extract_value(a_arr.shape, 1),
+                                         _element_size(context, dtype))
                     values = [_load_values(builder, r_arr.data, builder.add(base, o), dtype) for o in offs]
                     for p_row, head_accs in zip(p_rows, accs):
                         pv = splat(builder, builder.load(builder.gep(p_row, [builder.sub(j, j0_)])))
