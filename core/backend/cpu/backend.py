@@ -647,8 +647,9 @@ class CPUBackend(Backend):
         x = np.ascontiguousarray(x, dtype=np.float32)
         state = np.array(state, dtype=np.float32, order="C")  # updated in place: a copy
         out = np.empty_like(x)
-        ssm().ssm_conv_rows(x, state, np.ascontiguousarray(w, dtype=np.float32),
-                            np.ascontiguousarray(seq_index, dtype=np.int64), out)
+        kernels = ssm()
+        conv = kernels.ssm_conv_rows_serial if len(x) <= SERIAL_ROWS else kernels.ssm_conv_rows
+        conv(x, state, np.ascontiguousarray(w, dtype=np.float32), np.ascontiguousarray(seq_index, dtype=np.int64), out)
         return out, state
 
     @staticmethod

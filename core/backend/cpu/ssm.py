@@ -12,11 +12,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .cache import cached
+from .cache import cached, parallel_and_serial
 from .scalar import FAST, fast_exp
 
 
-@cached(fastmath=FAST, parallel=True)
 def ssm_conv_rows(x, state, w, seq_index, out):
     """out[t, c] = sum_k window[k] · w[c, k] over window = (state[s, :, c], x[t, c]), then the
     window slides: state[s] keeps the last d_conv - 1 inputs. x (T, C), state (S, K - 1, C),
@@ -35,6 +34,10 @@ def ssm_conv_rows(x, state, w, seq_index, out):
                 state[s, k, c] = state[s, k + 1, c]
             if k_last > 0:
                 state[s, k_last - 1, c] = x[t, c]
+
+
+# one decoded token's conv is a few microseconds of work: less than waking numba's threads
+ssm_conv_rows, ssm_conv_rows_serial = parallel_and_serial(ssm_conv_rows, fastmath=FAST)
 
 
 @njit(inline="always")
