@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_SSM
+from conftest import TINY_SSM, tiny_path
 
 SOAK = Path(__file__).parent.parent / "scripts" / "soak.py"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["smollm2-135m", str(TINY_SSM["mamba2"])], ids=["attention", "recurrent"])
+@pytest.mark.parametrize("model", ["smollm2-135m", str(TINY_SSM["mamba2"]), str(tiny_path("lfm2"))],
+                         ids=["attention", "recurrent", "hybrid"])
 def test_a_long_churning_run_keeps_memory_files_and_threads_flat(model):
     done = subprocess.run([sys.executable, str(SOAK), "-m", model, "-np", "8", "-c", "4096", "--churn", "8192"],
                           capture_output=True, text=True, timeout=3600)
