@@ -177,6 +177,7 @@ class Model:
     attn_impls: ClassVar[tuple[str, ...]] = ()  # latent-attention models: their --attn-impl values, default first
     # the backend ops (core/backend/base.py OPS) the forward pass calls, checked before loading
     ops: ClassVar[tuple[str, ...]] = ("GET_ROWS", "MUL_MAT", "RMS_NORM", "ROPE", "SWIGLU", "FLASH_ATTN_EXT", "TOP_K")
+    output_norm_name: ClassVar[str] = "output_norm.weight"  # the final norm's tensor
 
     def __init__(self, gguf: GGUFFile, progress: ProgressFn | None = None, backend=None):
         self.path = gguf.path
@@ -205,7 +206,7 @@ class Model:
         hp = self.hparams
         self.token_embd = self.weight(gguf, "token_embd.weight", (hp.n_vocab, hp.n_embd))
         self.layers = [self.load_layer(gguf, il) for il in range(hp.n_layer)]
-        self.output_norm = self.weight(gguf, "output_norm.weight", (hp.n_embd,))
+        self.output_norm = self.weight(gguf, self.output_norm_name, (hp.n_embd,))
         self.output = self.output_head(gguf, self.token_embd)
 
     def load_layer(self, gguf: GGUFFile, il: int):

@@ -40,6 +40,7 @@ class AttentionWeights:
 @register("lfm2")
 class LFM2(HybridModel):
     arch = "lfm2"
+    output_norm_name = "token_embd_norm.weight"  # llama.cpp's LLM_TENSOR_OUTPUT_NORM_LFM2
 
     def load_hparams(self, gguf: GGUFFile) -> HParams:
         hp = super().load_hparams(gguf)
@@ -50,14 +51,6 @@ class LFM2(HybridModel):
     @property
     def recurrent_spec(self) -> RecurrentSpec:
         return RecurrentSpec((self.l_cache - 1, self.hparams.n_embd))
-
-    def load_tensors(self, gguf: GGUFFile) -> None:
-        """LFM2 names its final norm `token_embd_norm` (llama.cpp's LLM_TENSOR_OUTPUT_NORM_LFM2)."""
-        hp = self.hparams
-        self.token_embd = self.weight(gguf, "token_embd.weight", (hp.n_vocab, hp.n_embd))
-        self.layers = [self.load_layer(gguf, il) for il in range(hp.n_layer)]
-        self.output_norm = self.weight(gguf, "token_embd_norm.weight", (hp.n_embd,))
-        self.output = self.output_head(gguf, self.token_embd)
 
     def load_recurrent(self, gguf: GGUFFile, il: int) -> ShortConvWeights:
         n_embd, blk = self.hparams.n_embd, f"blk.{il}.shortconv"
