@@ -321,6 +321,8 @@ def _kv_array(values):
      r"'blk.5.attn_q.weight' is missing \(layer 5 is an attention layer\)"),
     ("lfm2", lambda img: renamed(img, "blk.2.attn_v.weight"), r"'blk.2.attn_v.weight' is missing \(layer 2 is an attention"),
     ("lfm2", _kv_array([0, 0, 2, 0, 0, 4]), "runs hybrids whose attention layers share one count"),
+    ("granite-hybrid", lambda img: img.set("granitehybrid.expert_count", VT.UINT32, 8),
+     "granitehybrid with a mixture of experts \\(8 experts\\) is not supported yet"),
 ])
 def test_a_broken_hybrid_gguf_is_one_clear_sentence(tmp_path, name, edit, message):
     with pytest.raises((ModelFileError, UnsupportedError), match=message) as err:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ModelFileError
+from ..errors import ModelFileError, UnsupportedError
 from ..gguf import GGUFFile
 from ..memory import MemorySpec, RecurrentSpec
 from .base import HParams, Model, read_hparams
@@ -27,6 +27,10 @@ class HybridModel(Model):
     ops = ("GET_ROWS", "MUL_MAT", "RMS_NORM", "ROPE", "SWIGLU", "FLASH_ATTN_EXT", "TOP_K", "SSM_CONV", "MUL")
 
     def load_hparams(self, gguf: GGUFFile) -> HParams:
+        n_expert = gguf.get_int(f"{self.arch}.expert_count", 0, lo=0)
+        if n_expert:  # Granite 4.0-H Tiny/Small, LFM2-8B-A1B
+            raise UnsupportedError(f"{gguf.path}: {self.arch} with a mixture of experts ({n_expert} experts) is not "
+                                   "supported yet; the dense models are")
         return read_hparams(gguf, self.arch, hybrid=True)
 
     def is_recurrent_layer(self, il: int) -> bool:
