@@ -21,7 +21,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .cache import cached, parallel_and_serial
-from .ir import I32, I64, LANES, VF32, arrays, call, fma, reduce_add, splat, widen_halves
+from .ir import I32, I64, LANES, VF32, arrays, fma, prefetch, reduce_add, splat, widen_halves
 from .scalar import FAST, as_f32, fast_exp
 
 # Cells per chunk of attend_rows: a whole number of chunks per task (two tasks per thread) where
@@ -66,9 +66,7 @@ def _prefetch_next_slice(builder, rows, base, n_values, size: int):
     n_lines = builder.udiv(builder.add(builder.mul(n_values, ir.Constant(I64, size)), ir.Constant(I64, 63)),
                            ir.Constant(I64, 64))
     with cgutils.for_range(builder, n_lines) as line:
-        call(builder, "llvm.prefetch.p0", ir.VoidType(),
-             [builder.gep(start, [builder.mul(line.index, ir.Constant(I64, 64))]), ir.Constant(I32, 0),
-              ir.Constant(I32, 2), ir.Constant(I32, 1)])
+        prefetch(builder, builder.gep(start, [builder.mul(line.index, ir.Constant(I64, 64))]), locality=2)
 
 
 def _halves(builder, a, b, width):

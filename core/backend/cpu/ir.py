@@ -46,6 +46,14 @@ def call(builder: ir.IRBuilder, name: str, ret, args):
     return builder.call(fn, args)
 
 
+def prefetch(builder: ir.IRBuilder, ptr, locality: int = 3):
+    """Asks for the cache line at ptr (no fault if it is not mapped); locality 3 keeps it in every
+    cache level, 2 in the outer ones."""
+    call(builder, "llvm.prefetch.p0", ir.VoidType(),
+         [builder.bitcast(ptr, ir.IntType(8).as_pointer()), ir.Constant(I32, 0), ir.Constant(I32, locality),
+          ir.Constant(I32, 1)])
+
+
 def splat(builder: ir.IRBuilder, value, lanes: int = LANES):
     """A scalar in every lane."""
     v = builder.insert_element(ir.Constant(ir.VectorType(value.type, lanes), ir.Undefined), value, ir.Constant(I32, 0))

@@ -28,7 +28,7 @@ from numba.extending import intrinsic
 from .blocks import BlockReader, block_size, each_block, k_codes, k_scale_min_words, q6_k_codes
 from .cache import per_type
 from .ir import (F32, FEATURES, I32, I64, V8F32, V8I32, V16I8, V16I16, V32I8, arrays, call, constant_lanes, contiguous,
-                 fma, pointer, splat)
+                 fma, pointer, prefetch, splat)
 from .matvec import matvec_rows
 from .q8 import q8_blocks, q8_k_blocks
 
@@ -108,13 +108,6 @@ def _hsum8(builder: ir.IRBuilder, v):
     pair = builder.fadd(quad, pick(quad, [2, 3, 2, 3]))
     lane = builder.fadd(pair, pick(pair, [1, 1, 3, 3]))
     return builder.extract_element(lane, ir.Constant(I32, 0))
-
-
-def prefetch(builder, ptr):
-    """Asks for the cache line at ptr (no fault if it is not mapped)."""
-    i8p = ir.IntType(8).as_pointer()
-    call(builder, "llvm.prefetch.p0", ir.VoidType(),
-         [builder.bitcast(ptr, i8p), ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
 
 def row_dot_q8(name: str, emit_block):
