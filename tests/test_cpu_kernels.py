@@ -262,6 +262,25 @@ def test_integer_dots_equal_the_rounded_float_product(qtype, monkeypatch):
             np.testing.assert_allclose(fast, rounded, rtol=0, atol=2e-6 * np.abs(rounded).max())
 
 
+@pytest.mark.skipif(not matvec_int.WIDE, reason="the 64-value emitters need AVX-512 BW")
+@pytest.mark.parametrize("name", sorted(matvec_int.EMIT_WIDE))
+def test_wide_integer_dots_equal_the_32_value_ones_bit_for_bit(name):
+    """The AVX-512 emitter of a K-quant sums the same integers in the same float lanes as the AVX2
+    one, so the mat-vecs agree exactly, outlier blocks and stacked rows included."""
+    rng = np.random.default_rng(7)
+    qtype = int(T[name])
+    w = np.ascontiguousarray(random_weight(rng, name, 96, 1024)).view(np.uint8)
+    assert matvec_int.MATVEC[qtype] is not matvec_int.MATVEC_AVX2[qtype]
+    for n_rows in (1, 3):
+        x = rng.standard_normal((n_rows, 1024)).astype(np.float32)
+        x[0, 256:288] *= 80
+        wide, narrow = np.empty((n_rows, 96), np.float32), np.empty((n_rows, 96), np.float32)
+        matvec_int.MATVEC[qtype](w, x, wide)
+        matvec_int.MATVEC_AVX2[qtype](w, x, narrow)
+        np.testing.assert_array_equal(wide, narrow)
+        assert np.abs(wide).max() > 0
+
+
 def test_integer_dots_cover_the_types_real_models_use():
     assert set(matvec_int.MATVEC) == {int(t) for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)}
 
