@@ -144,7 +144,9 @@ class CPUBackend(Backend):
         text = f"NumPy {np.__version__} ({blas.get('name', 'BLAS')} {blas.get('version', '')})".strip()
         if self.numerics != "ggml":
             return text
-        dots = "AVX2 integer dots" if matvec_int().AVAILABLE else "no integer dots (float kernels)"
+        ints = matvec_int()
+        dots = (("AVX2 integer dots" + (" (Q6_K on AVX-512)" if ints.WIDE else "")) if ints.AVAILABLE
+                else "no integer dots (float kernels)")
         isa = gemm_int8().ISA
         return f"{text}; ggml numerics: {dots}, " + (f"8-bit GEMM on {isa}" if isa else "no 8-bit GEMM (BLAS over rounded rows)")
 

@@ -13,7 +13,8 @@ quarter of the vector operations of the float kernels in matvec_float.py.
 
 `MATVEC[type](w, x, out)` has matvec_float.MATVEC's contract: it rounds the activations x to q8
 blocks (q8.py: quantize_row_q8_1, or quantize_row_q8_K for the K-quants: 256 values, an f32 scale and
-sums of 16) and takes the integer dots. Needs AVX2 and F16C (`AVAILABLE`); elsewhere ggml
+sums of 16) and takes the integer dots. Needs AVX2 and F16C (`AVAILABLE`); with AVX-512 BW Q6_K
+takes a 64-value emitter with the same sums (`WIDE`, `MATVEC_AVX2` the kernels without it). Elsewhere ggml
 numerics take the float kernels over rounded activations, which give the same values up to float
 summation order.
 """
