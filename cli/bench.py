@@ -20,7 +20,7 @@ from llmsuite.core.backend import BACKENDS, NUMERICS, get_backend
 from llmsuite.core.context import ContextParams
 from llmsuite.core.plan import ATTN_PATHS
 from llmsuite.core.errors import InvalidInputError
-from llmsuite.core.memory import CACHE_TYPES, KV_KINDS
+from llmsuite.core.memory import CACHE_TYPES, kv_choices, mask_choices
 from llmsuite.core.memory.factory import ATTN_IMPLS
 from llmsuite.core.memory.masks import SparseParams
 from llmsuite.core.models import load_model
@@ -31,10 +31,10 @@ from .common import err_console, exit_interrupted, resolve
 ListOpt = Optional[list[str]]
 FIELDS = ["build_commit", "build_number", "cpu_info", "gpu_info", "backends", "model_filename", "model_type",
           "model_size", "model_n_params", "n_batch", "n_ubatch", "n_threads", "type_k", "type_v", "kv", "attn_impl",
-          "attn", "numerics", "sparse_topk", "n_prompt", "n_gen", "n_depth", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts"]
+          "attn", "attn_mask", "kv_budget", "numerics", "sparse_topk", "n_prompt", "n_gen", "n_depth", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts"]
 DISPLAY = {"n_batch": ("n_batch", 7), "n_ubatch": ("n_ubatch", 8), "type_k": ("type_k", 6), "type_v": ("type_v", 6),
            "kv": ("kv", -8), "attn_impl": ("attn_impl", -9), "attn": ("attn", -6), "backend": ("backend", -10),
-           "sparse_topk": ("sparse_topk", 11), "numerics": ("numerics", -8)}
+           "sparse_topk": ("sparse_topk", 11), "numerics": ("numerics", -8), "attn_mask": ("attn_mask", -9)}
 
 
 def bench(
@@ -49,7 +49,7 @@ def bench(
     ubatch: Annotated[ListOpt, typer.Option("-ub", "--ubatch-size")] = None,
     cache_type_k: Annotated[ListOpt, typer.Option("-ctk", "--cache-type-k")] = None,
     cache_type_v: Annotated[ListOpt, typer.Option("-ctv", "--cache-type-v")] = None,
-    kv: Annotated[ListOpt, typer.Option("--kv", help=f"memory classes: {','.join(KV_KINDS)}")] = None,
+    kv: Annotated[ListOpt, typer.Option("--kv", help="memory classes, a comma list of <kv-kinds>")] = None,
     attn: Annotated[ListOpt, typer.Option("--attn", help=f"attention paths: {','.join(ATTN_PATHS)}")] = None,
     attn_impl: Annotated[ListOpt, typer.Option("--attn-impl", help="latent attention (deepseek2): mla,naive")] = None,
     backend: Annotated[ListOpt, typer.Option("--backend", help="backends: cpu,cuda,cuda-emu")] = None,
@@ -69,6 +69,8 @@ def bench(
     sparse_block: opt.SparseBlock = opt.SPARSE.block,
     sparse_local: opt.SparseLocal = opt.SPARSE.local,
     sparse_layers: opt.SparseLayers = opt.SPARSE.layers,
+    attn_mask: Annotated[ListOpt, typer.Option("--attn-mask", help="mask producers, a comma list of <attn-masks>")] = None,
+    kv_budget: opt.KvBudget = 0,
     no_warmup: Annotated[bool, typer.Option("--no-warmup")] = False,
     output: Annotated[str, typer.Option("-o", "--output", help="md, csv, json or jsonl")] = "md",
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="progress on stderr")] = True,
@@ -89,14 +91,15 @@ def bench(
     axes["n_threads"] = _ints(threads, "-t")
     axes["attn_impl"] = _strs(attn_impl, ATTN_IMPLS, "--attn-impl")
     axes["numerics"] = _strs(numerics, NUMERICS, "--numerics")
+    axes["attn_mask"] = _strs(attn_mask, mask_choices(), "--attn-mask")
     if any(t < 1 for t in axes["n_threads"]):
         raise InvalidInputError("-t takes thread counts of at least 1")
     sparse = SparseParams(0, sparse_block, sparse_local, sparse_layers)
     for k in axes["sparse_topk"] or [0]:
-        ContextParams(sparse=replace(sparse, topk=k)).validate()  # refused before any model loads
+        ContextParams(sparse=replace(sparse, topk=k), kv_budget=kv_budget).validate()  # refused before any model loads
     models = [m for value in (model or ["smollm2-135m"]) for m in core.parse_str_list(value)]
     paths = {m: resolve(m) for m in models}
-    runs = core.instances(models, tests, axes, sparse=sparse)
+    runs = core.instances(models, tests, axes, sparse=sparse, kv_budget=kv_budget)
     results, notes, stopped_at = _run_all(runs, paths, repetitions, not no_warmup, progress)
     if not results and stopped_at is None:  # one sentence: why the first run could not start
         raise InvalidInputError(notes[0].removeprefix("skipped: ") if notes else "nothing to run")
@@ -160,15 +163,14 @@ def _strs(values, allowed, flag) -> list[str]:
 
 def _axes(batch, ubatch, ctk, ctv, kv, attn, backend) -> dict[str, list]:
     return dict(n_batch=_ints(batch, "-b"), n_ubatch=_ints(ubatch, "-ub"), type_k=_strs(ctk, CACHE_TYPES, "-ctk"),
-                type_v=_strs(ctv, CACHE_TYPES, "-ctv"), kv=_strs(kv, KV_KINDS, "--kv"),
+                type_v=_strs(ctv, CACHE_TYPES, "-ctv"), kv=_strs(kv, kv_choices(), "--kv"),
                 attn=_strs(attn, ATTN_PATHS, "--attn"), backend=_strs(backend, BACKENDS, "--backend"))
 
 
 def _run_all(runs, paths, repetitions, warmup, show_progress):
-    load = lru_cache(maxsize=1)(lambda name, backend: load_model(paths[name], backend=backend))  # reload on change
     results, notes, warned = [], [], set()
     # one runner for the sweep, so a depth prefilled for one instance is restored for the next
-    runner = core.Runner(lambda inst: load(inst.model, inst.backend), repetitions, warmup,
+    runner = core.Runner(core.loader(paths), repetitions, warmup,
                          on_warning=lambda message: _warn_once(message, warned))
     enabled = show_progress and err_console.is_terminal
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
@@ -218,7 +220,7 @@ def _fields(r: core.Result, paths) -> dict:
                 model_filename=str(paths[inst.model]), model_type=model["desc"], model_size=model["size"],
                 model_n_params=model["n_params"], n_batch=inst.n_batch, n_ubatch=inst.n_ubatch,
                 n_threads=inst.threads, type_k=inst.type_k, type_v=inst.type_v, kv=inst.kv, attn_impl=inst.attn_impl,
-                attn=inst.attn, numerics=inst.numerics,
+                attn=inst.attn, attn_mask=inst.attn_mask, kv_budget=inst.kv_budget, numerics=inst.numerics,
                 sparse_topk=inst.sparse_topk,
                 n_prompt=inst.test.n_prompt, n_gen=inst.test.n_gen, n_depth=inst.test.n_depth,
                 test_time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), avg_ns=r.avg_ns,
@@ -265,7 +267,8 @@ def _model_cells(row: dict) -> list[str]:
 
 
 def _plain(results, rows, varying) -> str:
-    shown = [a for a in ("n_batch", "n_ubatch", "type_k", "type_v", "kv", "attn_impl", "attn", "sparse_topk", "numerics")
+    shown = [a for a in ("n_batch", "n_ubatch", "type_k", "type_v", "kv", "attn_impl", "attn", "attn_mask", "sparse_topk",
+                         "numerics")
              if a in varying or
              any(getattr(r.instance, a) != getattr(core.Instance, a) for r in results)]
     columns = [("model", -30), ("size", 10), ("params", 10), ("backend", -10), ("threads", 7)]

@@ -15,7 +15,8 @@ from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, Te
 from llmsuite.core import hub
 from llmsuite.core.backend import get_backend
 from llmsuite.core.errors import InvalidInputError
-from llmsuite.core.models import Model, load_model
+from llmsuite.core.api import load
+from llmsuite.core.models import Model
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 settings = {"verbose": False}  # set by `llm -v`
@@ -70,7 +71,7 @@ def resolve(spec: str | None) -> Path:
 
 def open_model(spec: str | None, backend: str = "cpu", cache_types=("f16",), numerics: str | None = None) -> tuple[Model, float]:
     """Resolve `-m`, load the model for `backend` with a progress bar and ready the kernels it,
-    these KV-cache types and these numerics need; returns (model, load seconds)."""
+    these KV-cache types and these numerics need (llmsuite.load); returns (model, load seconds)."""
     path = resolve(spec)
     t0 = time.perf_counter()
     with progress_display() as progress:
@@ -78,11 +79,11 @@ def open_model(spec: str | None, backend: str = "cpu", cache_types=("f16",), num
 
         def report(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
+            if done == total:
+                progress.update(task, description="preparing cpu kernels (numba compiles them once per machine)",
+                                total=None)
 
-        model = load_model(path, report, backend, numerics=numerics)  # None: the backend's own numerics
-        progress.update(task, description="preparing cpu kernels (numba compiles them once per machine)",
-                        total=None)
-        model.backend.prepare(model.weight_types, state_space=model.is_recurrent, cache_types=cache_types)
+        model = load(path, backend=backend, numerics=numerics, cache_types=cache_types, progress=report)
     for note in model.backend.notes:
         log(note)
     log(f"backend {model.backend.name}: {model.backend.describe()}")  # on the cpu: which integer paths run

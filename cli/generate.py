@@ -17,7 +17,8 @@ from llmsuite.core.conversation import Conversation
 from llmsuite.core.context import Context
 from llmsuite.core.graph import AttnStats
 from llmsuite.core.errors import InvalidInputError
-from llmsuite.core.generation import PROMPT_MARGIN, check_context_shift, check_prompt, generate as run_generation
+from llmsuite.core.generation import (PROMPT_MARGIN, check_context_shift, check_prompt, generate as run_generation,
+                                     stream_text)
 from llmsuite.core.sampling import CHAIN, DEFAULT_SEED, Sampler, SamplerParams, parse_samplers
 
 from . import options as opt
@@ -52,9 +53,8 @@ def generate(
                                 "every recent token (0.0: off)")] = 0.0,
     frequency_penalty: Annotated[float, typer.Option("--frequency-penalty", help="subtract this times its count "
                                  "from the logit of every recent token (0.0: off)")] = 0.0,
-    samplers: Annotated[str, typer.Option("--samplers", help="the sampler chain in order, ';'-separated "
-                        "(penalties;top_k;top_p;min_p;temperature; llama.cpp's dry, typ_p, xtc, top_n_sigma "
-                        "are accepted and idle)")] = ";".join(CHAIN),
+    samplers: Annotated[str, typer.Option("--samplers", help="the sampler chain in order, ';'-separated, from "
+                        "<samplers> (llama.cpp's dry, typ_p, xtc, top_n_sigma are accepted and idle)")] = ";".join(CHAIN),
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="never sample end-of-generation tokens")] = False,
     special: Annotated[bool, typer.Option("--special", help="print special tokens as text")] = False,
     escape: Annotated[bool, typer.Option("-e/--no-escape", "--escape", show_default=False, help="turn \\n, \\t, "
@@ -172,16 +172,15 @@ def _complete(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache, spec
 def _stream_one(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache, special, n_keep):
     sys.stdout.write(shown_prompt)
     sys.stdout.flush()
-    streamer = ctx.model.vocab.streamer(special)
-
-    def emit(seq: int, token: int) -> None:
-        sys.stdout.write(streamer.push(token))
+    pieces = stream_text(ctx, samplers[0], tokens, n_predict, special, prompt_cache=prompt_cache, report=log,
+                         n_keep=n_keep)
+    while True:
+        try:
+            sys.stdout.write(next(pieces))
+        except StopIteration as done:
+            sys.stdout.write(_ending(done.value))
+            return [done.value]
         sys.stdout.flush()
-
-    results = run_generation(ctx, samplers, tokens, n_predict, on_token=emit, prompt_cache=prompt_cache, report=log,
-                             n_keep=n_keep)
-    sys.stdout.write(streamer.flush() + _ending(results[0]))
-    return results
 
 
 def _ending(result) -> str:

@@ -8,10 +8,12 @@ from typing import Annotated
 
 import typer
 
+from llmsuite.core import plugins
 from llmsuite.core.errors import LLMError, printable
 
 from . import bench, embed, generate, models, perplexity, testops, tokenize
 from .common import settings
+from .options import Plugin, fill_choices, with_plugin_option
 
 MAX_ERROR_CHARS = 500
 
@@ -26,20 +28,16 @@ app = typer.Typer(
 
 
 @app.callback()
-def _options(verbose: Annotated[bool, typer.Option("-v", "--verbose", help="log details; tracebacks on errors")] = False):
+def _options(verbose: Annotated[bool, typer.Option("-v", "--verbose", help="log details; tracebacks on errors")] = False,
+             plugin: Plugin = None):
     settings["verbose"] = verbose
 
 
-app.command("generate")(generate.generate)
-app.command("chat")(generate.chat)
-app.command("embed")(embed.embed)
-app.command("bench")(bench.bench)
-app.command("perplexity")(perplexity.perplexity)
-app.command("test-ops")(testops.test_ops)
-app.command("tokenize")(tokenize.tokenize)
-app.command("pull")(models.pull)
-app.command("models")(models.models)
-app.command("info")(models.info)
+COMMANDS = {"generate": generate.generate, "chat": generate.chat, "embed": embed.embed, "bench": bench.bench,
+            "perplexity": perplexity.perplexity, "test-ops": testops.test_ops, "tokenize": tokenize.tokenize,
+            "pull": models.pull, "models": models.models, "info": models.info}
+for _name, _command in COMMANDS.items():
+    app.command(_name)(with_plugin_option(_command))
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -48,8 +46,10 @@ def run(argv: list[str] | None = None) -> int:
     An error is one escaped line on stderr, written plainly: a message quoting a corrupt file
     must neither reach the terminal raw nor cost Rich seconds to wrap. Usage errors (an unknown
     option, a value of the wrong kind) are one line too, as llama.cpp's tools print them."""
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        status = app(args=argv, prog_name="llm", standalone_mode=False)
+        load_plugins(argv)
+        status = command().main(args=argv, prog_name="llm", standalone_mode=False)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except LLMError as e:
@@ -73,6 +73,22 @@ def run(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     return status if isinstance(status, int) else 0
+
+
+def load_plugins(argv: list[str]) -> None:
+    """Installed plugins, then each --plugin FILE of the command line, before the command line is
+    parsed: their names are then valid values and appear in --help."""
+    plugins.load_installed()
+    for path in plugins.plugin_files(argv):
+        plugins.load_plugin(path)
+
+
+def command():
+    """The Click command for `app`, with the registered names (built-in and plugins') in the help
+    texts that list them."""
+    group = typer.main.get_command(app)
+    fill_choices(group)
+    return group
 
 
 def is_usage_error(e: Exception) -> bool:

@@ -13,15 +13,22 @@ import typer
 from llmsuite.core.backend import default_cache_type
 from llmsuite.core.context import ContextParams
 from llmsuite.core.errors import InvalidInputError
-from llmsuite.core.memory import CACHE_TYPES, CTX_KINDS, KV_KINDS
+from llmsuite.core.memory import CACHE_TYPES, CTX_KINDS, kv_choices, mask_choices
 from llmsuite.core.memory.masks import SparseParams
+from llmsuite.core.sampling import sampler_names
+
+# Help texts that list registered names hold these marks; `fill_choices` puts in the names known when
+# the command line is built, after the plugins have loaded.
+LIVE_CHOICES = {"<kv-kinds>": kv_choices, "<attn-masks>": mask_choices, "<samplers>": sampler_names}
 
 Model = Annotated[Optional[str], typer.Option("-m", "--model", help="GGUF path or known model name")]
 CtxSize = Annotated[int, typer.Option("-c", "--ctx-size", help="context size (0: the model's)")]
 BatchSize = Annotated[int, typer.Option("-b", "--batch-size", help="logical batch size")]
 UBatchSize = Annotated[int, typer.Option("-ub", "--ubatch-size", help="physical micro-batch size")]
 Parallel = Annotated[int, typer.Option("-np", "--parallel", help="sequences the context holds")]
-Kv = Annotated[str, typer.Option("--kv", help=f"memory class: {'|'.join(KV_KINDS)}")]
+Kv = Annotated[str, typer.Option("--kv", help="memory class: <kv-kinds>")]
+KvBudget = Annotated[int, typer.Option("--kv-budget", help="cells per sequence a memory kind that evicts keeps "
+                                       "(a plugin's; 0: the kind's default)")]
 Ctx = Annotated[str, typer.Option("--ctx", help=f"context kind: {'|'.join(CTX_KINDS)}")]
 SwaFull = Annotated[bool, typer.Option("--swa-full", help="full-size window cache (allows position shifts)")]
 _CACHE_HELP = f"{'|'.join(CACHE_TYPES)} (f16 unless given, as llama.cpp)"
@@ -37,6 +44,8 @@ SparseTopk = Annotated[int, typer.Option("--sparse-topk", help="block top-k: kee
 SparseBlock = Annotated[int, typer.Option("--sparse-block", help="cells per block of --sparse-topk (a power of two)")]
 SparseLocal = Annotated[int, typer.Option("--sparse-local", help="last positions --sparse-topk always keeps (<= K; -1: min(128, K))")]
 SparseLayers = Annotated[str, typer.Option("--sparse-layers", help="layers that select: '2-', 'all', '0,4-9', 'none'")]
+AttnMask = Annotated[str, typer.Option("--attn-mask", help="mask producer of the selecting layers: <attn-masks> "
+                                       "(auto: topk where --sparse-topk is given)")]
 Numerics = Annotated[Optional[str], typer.Option("--numerics", help="ggml | f32: ggml (the cpu's default) rounds matmul "
                                                   "activations to 8-bit blocks and takes integer dots, as ggml-cpu does; "
                                                   "f32 is the float reference (the CUDA backends' numerics)")]
@@ -108,6 +117,7 @@ class ContextOptions:
     ubatch_size: UBatchSize = 512
     parallel: Parallel = 1
     kv: Kv = "auto"
+    kv_budget: KvBudget = 0
     ctx_kind: Ctx = "auto"
     swa_full: SwaFull = False
     cache_type_k: CacheTypeK = None
@@ -120,6 +130,7 @@ class ContextOptions:
     sparse_block: SparseBlock = SPARSE.block
     sparse_local: SparseLocal = SPARSE.local
     sparse_layers: SparseLayers = SPARSE.layers
+    attn_mask: AttnMask = "auto"
     threads: Threads = 0
     threads_batch: ThreadsBatch = 0
     gpu_layers: GpuLayers = None
@@ -147,7 +158,8 @@ class ContextOptions:
         flags = dict(n_ctx=self.ctx_size, n_batch=self.batch_size, n_ubatch=self.ubatch_size, n_seq_max=self.parallel,
                      type_k=type_k, type_v=type_v, cache_types_given=given, swa_full=self.swa_full, kv=self.kv,
                      ctx=self.ctx_kind, backend=self.backend, attn=self.attn, attn_impl=self.attn_impl,
-                     numerics=self.numerics, sparse=self.sparse, n_threads=self.threads,
+                     numerics=self.numerics, sparse=self.sparse, attn_mask=self.attn_mask, kv_budget=self.kv_budget,
+                     n_threads=self.threads,
                      n_threads_batch=self.threads_batch)
         params = ContextParams(**(flags | changes))
         params.validate()
@@ -155,6 +167,38 @@ class ContextOptions:
 
         ready_backend(self.backend, params.numerics)  # an unavailable backend is refused before the model loads
         return params
+
+
+Plugin = Annotated[Optional[list[str]], typer.Option("--plugin", metavar="FILE", help="a Python file that registers "
+                                                    "memory kinds, mask producers, samplers or architectures "
+                                                    "(repeatable; loaded before the flags are read)")]
+
+
+def with_plugin_option(command):
+    """The command with --plugin among its flags; `llm` has loaded the files before parsing
+    (cli.main.load_plugins), so the command itself never sees them."""
+    signature = inspect.signature(command, eval_str=True)
+
+    @functools.wraps(command)
+    def run(*args, plugin=None, **options):
+        return command(*args, **options)
+
+    params = [*signature.parameters.values(),
+              inspect.Parameter("plugin", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Plugin)]
+    run.__signature__ = signature.replace(parameters=params)
+    run.__annotations__ = {p.name: p.annotation for p in params} | {"return": signature.return_annotation}
+    return run
+
+
+def fill_choices(command) -> None:
+    """Put the registered names (built-in and plugins') into the help of a Click command's options
+    and of its subcommands'."""
+    for param in getattr(command, "params", []):
+        for mark, names in LIVE_CHOICES.items():
+            if param.help and mark in param.help:
+                param.help = param.help.replace(mark, ", ".join(names()))
+    for sub in getattr(command, "commands", {}).values():
+        fill_choices(sub)
 
 
 class Flag(NamedTuple):

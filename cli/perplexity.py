@@ -18,7 +18,8 @@ from llmsuite.core.context import Context
 from llmsuite.core.graph import AttnStats
 from llmsuite.core.errors import InvalidInputError, Interrupted
 from llmsuite.core.perplexity import (ChunkPlan, KLStats, PerplexityResult, kl_divergence, median, percentile,
-                                      perplexity as run_ppl, plan_chunks, read_kl_base, vocab_fingerprint)
+                                      perplexity as run_ppl, perplexity_context, perplexity_tokens, plan_chunks,
+                                      read_kl_base, vocab_fingerprint)
 
 from . import options as opt
 from .common import err_console, exit_interrupted, log, open_model, read_text_file, settings as cli_settings
@@ -77,14 +78,13 @@ def perplexity(
         tokens = base.tokens.tolist()
     else:
         log("perplexity: tokenizing the input ..")
-        tokens = lm.vocab.tokenize(text, add_special=True, parse_special=False)
+        tokens = perplexity_tokens(lm, text)
     plan = plan_chunks(len(tokens), ctx_size, context.batch_size, base.n_chunk if base is not None else chunks)
     if ctx_size > lm.hparams.n_ctx_train:
         err_console.print(f"warning: the model was trained on only {lm.hparams.n_ctx_train} context tokens "
                           f"({ctx_size} specified)", markup=False)
     _check_memory(plan, lm.hparams.n_vocab)
-    ctx = Context(lm, context.params(n_ctx=plan.n_seq * plan.n_ctx, n_batch=plan.n_batch,
-                                     n_ubatch=min(context.ubatch_size, plan.n_batch), n_seq_max=plan.n_seq))
+    ctx = perplexity_context(lm, plan, params)
     if cli_settings["verbose"]:
         ctx.attn_stats = AttnStats()
     log(f"perplexity: calculating perplexity over {plan.n_chunk} chunks, n_ctx={plan.n_ctx}, "

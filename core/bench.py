@@ -9,7 +9,9 @@ import platform
 import re
 import time
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from itertools import product
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -18,8 +20,9 @@ from .backend import default_cache_type, default_numerics
 from .batch import Batch
 from .context import Context, ContextParams, check_status
 from .errors import InvalidInputError
+from .memory.factory import MEMORY_KINDS
 from .memory.masks import SparseParams
-from .models import Model
+from .models import Model, load_model
 
 SPEC = re.compile(r"^(?:pp(?P<pp>\d+)(?:\+tg(?P<pg>\d+))?|tg(?P<tg>\d+))(?:@d(?P<d>\d+))?$")
 RANGE = re.compile(r"^(\d+)(?:-(\d+)(?:([+*])(\d+))?)?$")
@@ -82,7 +85,7 @@ def parse_str_list(value: str) -> list[str]:
 
 # ---- instances ------------------------------------------------------------------------------
 
-AXES = ("backend", "numerics", "n_threads", "kv", "attn_impl", "attn", "sparse_topk", "n_batch", "n_ubatch",
+AXES = ("backend", "numerics", "n_threads", "kv", "attn_impl", "attn", "attn_mask", "sparse_topk", "n_batch", "n_ubatch",
         "type_k", "type_v")  # outer to inner
 
 
@@ -100,8 +103,10 @@ class Instance:
     n_ubatch: int = 512
     type_k: str = ""  # "": the backend's default cache type
     type_v: str = ""
+    attn_mask: str = "auto"  # the mask producer of the selecting layers (--attn-mask)
     sparse_topk: int = 0
     sparse: SparseParams = SparseParams()  # block, local and layers of --sparse-topk
+    kv_budget: int = 0  # cells an evicting memory kind keeps (--kv-budget)
 
     def __post_init__(self):
         if not self.numerics:
@@ -109,6 +114,9 @@ class Instance:
         for name in ("type_k", "type_v"):
             if not getattr(self, name):
                 object.__setattr__(self, name, default_cache_type(self.backend))
+        kind = MEMORY_KINDS.get(self.kv)
+        if kind is None or not kind.budgeted:  # --kv-budget bounds the kinds that evict, in a sweep with others
+            object.__setattr__(self, "kv_budget", 0)
 
     def context_params(self) -> ContextParams:
         return ContextParams(n_ctx=self.test.n_prompt + self.test.n_gen + self.test.n_depth, n_batch=self.n_batch,
@@ -116,7 +124,8 @@ class Instance:
                              attn_impl=self.attn_impl,
                              backend=self.backend, numerics=self.numerics, type_k=self.type_k, type_v=self.type_v,
                              cache_types_given=(self.type_k, self.type_v) != (default_cache_type(self.backend),) * 2,
-                             sparse=replace(self.sparse, topk=self.sparse_topk),
+                             sparse=replace(self.sparse, topk=self.sparse_topk), attn_mask=self.attn_mask,
+                             kv_budget=self.kv_budget,
                              n_threads=self.threads, n_threads_batch=self.threads)
 
     @property
@@ -171,6 +180,12 @@ class Result:
         return int(np.sqrt(sum((x - mean) ** 2 for x in ns) / (len(ns) - 1)))
 
 
+def loader(paths: dict[str, Path]) -> Callable[[Instance], Model]:
+    """Each instance's model, loaded for its backend; one kept at a time (reloaded on a change)."""
+    load = lru_cache(maxsize=1)(lambda name, backend: load_model(paths[name], backend=backend))
+    return lambda inst: load(inst.model, inst.backend)
+
+
 class Runner:
     """Runs instances on loaded models, keeping llama-bench's depth-state cache between them."""
 
@@ -223,7 +238,7 @@ class Runner:
 
     def _prefill_depth(self, ctx: Context, inst: Instance) -> None:
         """Depth outside the timer: decoded once, then restored from the saved state."""
-        key = (inst.model, inst.test.n_depth, inst.kv, inst.type_k, inst.type_v, inst.backend,
+        key = (inst.model, inst.test.n_depth, inst.kv, inst.kv_budget, inst.type_k, inst.type_v, inst.backend,
                inst.test.n_prompt + inst.test.n_gen)
         state = self._depth_states.get(key)
         if state is not None:

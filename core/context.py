@@ -20,6 +20,7 @@ from typing import ClassVar
 import numpy as np
 
 from .atomic import write_atomic
+from .backend import default_cache_type
 from .batch import Batch, BatchAllocator
 from .cross import CrossInput
 from .embeddings import pool
@@ -27,6 +28,8 @@ from .errors import InvalidInputError, LLMError, excerpt
 from .graph import AttnStats, Graph
 from .memory import MemoryParams, MemoryStatus, create_memory
 from .memory.batch_only import BatchOnlyContext
+from .memory.factory import mask_name
+from .plugins import describe, from_plugin
 from .models.base import Model
 from .plan import check_flags, resolve_plan
 from .statefile import StateFileError, StateReader, StateWriter
@@ -54,7 +57,8 @@ def check_status(ctx: "Context", status: DecodeStatus) -> None:
     if status == DecodeStatus.ABORTED:
         raise KeyboardInterrupt
     if status != DecodeStatus.OK:
-        raise LLMError(f"decode failed ({status.name.lower().replace('_', ' ')}): {ctx.last_error}")
+        raise LLMError(f"decode failed ({status.name.lower().replace('_', ' ')}): {ctx.last_error}") \
+            from ctx.last_exception
 
 @dataclass
 class ContextParams(MemoryParams):
@@ -70,6 +74,19 @@ class ContextParams(MemoryParams):
     def validate(self) -> None:
         """Refuse flag values that cannot work whatever the model (checked before loading one)."""
         check_flags(self)
+
+
+def context_params(model: Model, params: ContextParams | None, flags: dict) -> ContextParams:
+    """`params` (or the defaults, on the model's backend) with `flags` in ContextParams' names
+    (n_ctx=4096, kv="unified", ...): Context(model, kv="split", n_seq_max=4) as the CLI's flags."""
+    unknown = set(flags) - set(ContextParams.__dataclass_fields__)
+    if unknown:
+        raise TypeError(f"Context() got unknown parameters: {', '.join(sorted(unknown))} "
+                        f"(known: {', '.join(ContextParams.__dataclass_fields__)})")
+    if params is None:
+        backend = flags.get("backend", model.backend.name)
+        params = ContextParams(backend=backend, type_k=default_cache_type(backend), type_v=default_cache_type(backend))
+    return replace(params, **flags)
 
 
 @dataclass
@@ -100,8 +117,8 @@ class Context:
     needs_encoded_input: ClassVar[bool] = False  # its decoder attends an encoder output (encode first)
     has_encoder: ClassVar[bool] = False  # `encode` runs the model's encoder
 
-    def __new__(cls, model: Model, params: ContextParams | None = None, observer=None):
-        params = replace(params) if params else ContextParams()
+    def __new__(cls, model: Model, params: ContextParams | None = None, observer=None, **flags):
+        params = context_params(model, params, flags)
         params.validate()
         if params.n_ctx == 0:
             params.n_ctx = model.hparams.n_ctx_train
@@ -118,7 +135,7 @@ class Context:
         self.params, self.plan = params, plan
         return self
 
-    def __init__(self, model: Model, params: ContextParams | None = None, observer=None):
+    def __init__(self, model: Model, params: ContextParams | None = None, observer=None, **flags):
         params, hp = self.params, model.hparams  # normalized by __new__, with the plan
         self.model = model
         self.backend = model.backend.configured(attn_path=self.plan.attn_path, numerics=self.plan.numerics)
@@ -132,6 +149,7 @@ class Context:
         self.embd_seq: dict[int, np.ndarray] = {}  # pooled embeddings of the last batch's sequences
         self.perf = PerfCounters()
         self.last_error = ""
+        self.last_exception: BaseException | None = None  # what a plugin raised in the last failed decode
         self.observer = observer  # observer(name, ubatch, tensor) sees named intermediates
         self.attn_stats: AttnStats | None = None  # set one to count and time attention per layer (-v)
 
@@ -188,7 +206,7 @@ class Context:
         """Run a batch; on failure the memory is as before the failed ubatch (the ubatches done
         before it stay, as in llama.cpp): the memory context rolls that ubatch back."""
         t0 = time.perf_counter()
-        self.last_error = ""
+        self.last_error, self.last_exception = "", None
         self._invalidate_outputs()
         if len(batch) > self.params.n_batch:
             return self._fail(DecodeStatus.INVALID_BATCH,
@@ -203,8 +221,11 @@ class Context:
         if self.backend.name == "cpu":  # llama.cpp: -t for a one-token step, -tb for batches
             p = self.params
             use_threads(p.n_threads if len(batch) == 1 else (p.n_threads_batch or p.n_threads))
-        self.memory.update(self.backend)
-        mctx = self.memory.init_batch(self.balloc, self.params.n_ubatch)
+        try:
+            self.memory.update(self.backend)
+            mctx = self.memory.init_batch(self.balloc, self.params.n_ubatch)  # plans only: nothing to undo
+        except Exception as e:
+            return self._plugin_failed(e)
         if mctx.status != MemoryStatus.SUCCESS:
             return self._fail(DecodeStatus.NO_SLOT, f"no room in the context ({self.n_ctx} cells) for the batch")
         out_pos = np.full(len(batch), -1, dtype=np.int64)  # batch index → logits row, in batch order
@@ -227,15 +248,31 @@ class Context:
             except (MemoryError, FloatingPointError) as e:
                 mctx.rollback()
                 return self._fail(DecodeStatus.COMPUTE_FAILED, f"compute failed: {e}")
-            except Exception:
-                mctx.rollback()  # a bug: keep memory consistent, then surface it
-                raise
+            except Exception as e:
+                mctx.rollback()  # keep memory consistent, then surface the error
+                return self._plugin_failed(e)
             if not mctx.next():
                 break
         self._set_outputs(logits, out_pos)
         one_per_sequence = len(np.unique(self.balloc.seq_id)) == len(batch)
         self.perf.add(len(batch), time.perf_counter() - t0, step=one_per_sequence)
         return DecodeStatus.OK
+
+    def _plugin_failed(self, e: Exception) -> DecodeStatus:
+        """A plugin's memory kind, mask producer or architecture broke the protocol: the decode
+        fails naming it (the memory already rolled back). Without a plugin in play it is a bug:
+        raised as it is."""
+        plugin = self._plugin_in_use()
+        if not plugin:
+            raise e
+        self.last_exception = e
+        return self._fail(DecodeStatus.COMPUTE_FAILED, f"{plugin} failed: {type(e).__name__}: {e}")
+
+    def _plugin_in_use(self) -> str:
+        """The plugin this context runs ("" when none): its memory kind, mask producer or architecture."""
+        used = (("memory kind", self.plan.memory), ("mask producer", mask_name(self.params)),
+                ("architecture", self.model.arch))
+        return next((describe(registry, name) for registry, name in used if from_plugin(registry, name)), "")
 
     def _decode_refusal(self) -> str:
         """Why this kind cannot decode now ("": it can)."""
@@ -472,7 +509,7 @@ class EncoderDecoderContext(DecoderContext):
     needs_encoded_input = True
     has_encoder = True
 
-    def __init__(self, model: Model, params: ContextParams | None = None, observer=None):
+    def __init__(self, model: Model, params: ContextParams | None = None, observer=None, **flags):
         super().__init__(model, params, observer)
         self.cross: CrossInput | None = None  # the last encode's output
 

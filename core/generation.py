@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Generator
 
 import numpy as np
 
@@ -85,6 +85,40 @@ def generate(ctx: Context, samplers: list[Sampler] | Sampler, prompt: list[int],
     every token as it is accepted; `report` gets what --prompt-cache did. `n_keep` (not None)
     shifts a full context, keeping that many prompt tokens (--context-shift --keep).
     """
+    steps = generate_steps(ctx, samplers, prompt, n_predict, prompt_cache, report, n_keep)
+    while True:
+        try:
+            seq, token = next(steps)
+        except StopIteration as done:
+            return done.value
+        if on_token:
+            on_token(seq, token)
+
+
+def stream_text(ctx: Context, sampler: Sampler, prompt: list[int], n_predict: int = -1, special: bool = False,
+                **options) -> Generator[str, None, GenerationResult]:
+    """One completion as text pieces, each as soon as it is whole UTF-8; returns the result.
+    `options` as generate's (prompt_cache, report, n_keep)."""
+    streamer = ctx.model.vocab.streamer(special)
+    steps = generate_steps(ctx, [sampler], prompt, n_predict, **options)
+    while True:
+        try:
+            _, token = next(steps)
+        except StopIteration as done:
+            tail = streamer.flush()
+            if tail:
+                yield tail
+            return done.value[0]
+        piece = streamer.push(token)
+        if piece:
+            yield piece
+
+
+def generate_steps(ctx: Context, samplers: list[Sampler] | Sampler, prompt: list[int], n_predict: int = -1,
+                   prompt_cache: Path | None = None, report: Callable[[str], None] | None = None,
+                   n_keep: int | None = None) -> Generator[tuple[int, int], None, list[GenerationResult]]:
+    """generate() as a generator: yields (sequence, token) as each token is accepted, and returns
+    the results."""
     samplers = [samplers] if isinstance(samplers, Sampler) else samplers
     if n_keep is not None:
         check_context_shift(ctx, len(samplers))
@@ -105,7 +139,7 @@ def generate(ctx: Context, samplers: list[Sampler] | Sampler, prompt: list[int],
             sampler.accept(tok)
     if n_keep is not None:
         n_keep = len(prompt) if n_keep < 0 else min(n_keep + (1 if ctx.model.vocab.add_bos else 0), len(prompt))
-    return _decode_loop(ctx, samplers, len(prompt), n_predict, on_token, n_keep)
+    return (yield from _decode_loop(ctx, samplers, len(prompt), n_predict, n_keep))
 
 
 def shift_context(ctx: Context, n_past: int, n_keep: int) -> int:
@@ -119,7 +153,7 @@ def shift_context(ctx: Context, n_past: int, n_keep: int) -> int:
     return n_past - n_discard
 
 
-def _decode_loop(ctx, samplers, n_past, n_predict, on_token, n_keep=None) -> list[GenerationResult]:
+def _decode_loop(ctx, samplers, n_past, n_predict, n_keep=None) -> Generator[tuple[int, int], None, list[GenerationResult]]:
     """One token per active sequence per step. With `n_keep` (--context-shift, one sequence) a
     full context is shifted instead of ending the generation."""
     vocab = ctx.model.vocab
@@ -138,8 +172,7 @@ def _decode_loop(ctx, samplers, n_past, n_predict, on_token, n_keep=None) -> lis
                 results[seq].stop = "eog"
                 continue
             results[seq].tokens.append(tok)
-            if on_token:
-                on_token(seq, tok)
+            yield seq, tok
             if len(results[seq].tokens) == n_predict:
                 continue
             if n_past >= capacity and n_keep is not None:

@@ -130,12 +130,23 @@ class Graph:
     def _mask(self, il: int, q, group):
         """The producer's mask; one that ignores the queries is made once per ubatch and group."""
         if group.producer.uses_queries:
-            return group.produce_mask(il, q, self.ops)
+            return self._checked(il, group, group.produce_mask(il, q, self.ops))
         key = (id(group.producer), id(group.mask))
         if key not in self._masks:
             # holding the producer and the base keeps their ids from being reused while the key lives
-            self._masks[key] = (group.producer, group.mask, group.produce_mask(il, q, self.ops))
+            self._masks[key] = (group.producer, group.mask, self._checked(il, group, group.produce_mask(il, q, self.ops)))
         return self._masks[key][2]
+
+    @staticmethod
+    def _checked(il: int, group, produced):
+        """A producer's (mask, n_kv_max) as the attention op needs it (a plugin's may be wrong)."""
+        mask, n_kv_max = produced
+        if getattr(mask, "shape", None) != group.mask.shape or not isinstance(n_kv_max, (int, np.integer)) \
+                or n_kv_max < 0:
+            raise ValueError(f"layer {il}'s mask producer ({getattr(group.producer, 'kind', '?')}) returned a mask of "
+                             f"shape {getattr(mask, 'shape', type(mask).__name__)} and bound {n_kv_max!r}; attention "
+                             f"needs shape {group.mask.shape} and a bound >= 0")
+        return mask, int(n_kv_max)
 
     def rs(self, il: int):
         """Layer il's recurrent states for this ubatch (a RecurrentView: read, write, seq_index)."""

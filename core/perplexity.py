@@ -149,6 +149,18 @@ class PerplexityResult:
         return math.sqrt(var / (self.count - 1)) * self.ppl if var > 0 and self.count > 1 else float("nan")
 
 
+def perplexity_tokens(model, text: str) -> list[int]:
+    """The text as llama-perplexity tokenizes it: BOS where the model adds one, special tokens as text."""
+    return model.vocab.tokenize(text, add_special=True, parse_special=False)
+
+
+def perplexity_context(model, plan: ChunkPlan, params) -> Context:
+    """A context for `plan`: n_seq chunks side by side, each in a sequence of its own, n_batch
+    tokens a decode (ContextParams `params` give the rest)."""
+    return Context(model, replace(params, n_ctx=plan.n_seq * plan.n_ctx, n_batch=plan.n_batch,
+                                  n_ubatch=min(params.n_ubatch, plan.n_batch), n_seq_max=plan.n_seq))
+
+
 def perplexity(ctx: Context, tokens: list[int], plan: ChunkPlan, on_chunk: Callable[[int, float], None] | None = None,
                kl_base: BinaryIO | None = None) -> PerplexityResult:
     """Score every chunk; with `kl_base`, also write the base log-probabilities there. Ctrl-C

@@ -14,8 +14,9 @@ from .backend import resolve_numerics
 from .backend.base import refusal
 from .errors import InvalidInputError
 from .embeddings import POOLING_NAMES
-from .memory.factory import ATTN_IMPLS, CTX_KINDS, MAX_SEQ, MEMORY_KINDS, default_kind, mask_producers
-from .memory.masks import BlockTopK, MaskProducer, SparseParams, parse_layers
+from .memory.factory import (ATTN_IMPLS, CTX_KINDS, MAX_SEQ, MEMORY_KINDS, default_kind, kv_choices, mask_choices,
+                             mask_name, mask_producers)
+from .memory.masks import MaskProducer, SparseParams, parse_layers
 from .memory.spec import AttnSpec, MemorySpec, RecurrentSpec
 from .memory.storage import CACHE_TYPES
 
@@ -49,7 +50,10 @@ def check_flags(p) -> None:
     _choice("--attn", p.attn, ATTN_PATHS)
     if p.pooling not in ("auto", *POOLING_NAMES):
         raise InvalidInputError(f"unknown --pooling '{p.pooling}' (choose from {', '.join(POOLING_NAMES)})")
-    _choice("--kv", p.kv, ("auto", *MEMORY_KINDS))
+    _choice("--kv", p.kv, kv_choices())
+    _choice("--attn-mask", p.attn_mask, mask_choices())
+    if p.kv_budget < 0:
+        raise InvalidInputError(f"--kv-budget takes a number of cells (0: the memory kind's default), not {p.kv_budget}")
     _choice("--ctx", p.ctx, CTX_KINDS)
     _choice("--attn-impl", p.attn_impl, ATTN_IMPLS)
     if not 1 <= p.n_seq_max <= MAX_SEQ:
@@ -98,6 +102,8 @@ def resolve_plan(model, p) -> Plan:
     reason = MEMORY_KINDS[kv].refuses(spec, model.arch, p)
     if reason:
         raise InvalidInputError(reason)
+    if p.kv_budget and not MEMORY_KINDS[kv].budgeted:
+        raise InvalidInputError(f"--kv-budget bounds a memory kind that evicts cells; --kv {kv} keeps every cell")
     producers = _producers(spec, model.arch, p)
     if MEMORY_KINDS[kv].holds_kv:
         types = tuple(dict.fromkeys((p.type_k, p.type_v)))
@@ -160,22 +166,25 @@ def _check_decoder(arch: str, spec: MemorySpec, p) -> None:
 
 
 def _producers(spec: MemorySpec, arch: str, p) -> dict[int, MaskProducer]:
-    """The mask producers of the selecting layers; --sparse-topk must find a layer to select in."""
+    """The mask producers of the selecting layers; --sparse-topk (or --attn-mask) must find a layer
+    to select in."""
     producers = mask_producers(spec, p)
-    if p.sparse.topk and not any(isinstance(m, BlockTopK) for m in producers.values()):
+    if mask_name(p) and not any(layer.window == 0 and not layer.indexer and il in producers
+                                for il, layer in spec.of(AttnSpec).items()):
         raise InvalidInputError(_no_selecting_layer(spec, arch, p))
     return producers
 
 
 def _no_selecting_layer(spec: MemorySpec, arch: str, p) -> str:
+    flag = "--sparse-topk" if p.attn_mask == "auto" else f"--attn-mask {p.attn_mask}"
     attn = spec.of(AttnSpec)
     if not attn:
-        return f"--sparse-topk selects the keys attention reads; {arch} has no attention layers"
+        return f"{flag} selects the keys attention reads; {arch} has no attention layers"
     if all(layer.indexer for layer in attn.values()):
-        return f"--sparse-topk selects keys by block bounds; every layer of {arch} selects its own with its indexer"
+        return f"{flag} selects keys by a mask of its own; every layer of {arch} selects its own with its indexer"
     full = [il for il, layer in attn.items() if layer.window == 0]
     if not full:
-        return f"--sparse-topk applies to full-attention layers; every layer of {arch} is a sliding window"
+        return f"{flag} applies to full-attention layers; every layer of {arch} is a sliding window"
     return (f"--sparse-layers '{p.sparse.layers}' names none of {arch}'s full-attention layers "
             f"({_ranges(full)})")
 

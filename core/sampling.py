@@ -5,6 +5,9 @@ Candidates are (ids, logits) arrays narrowed step by step, in the array module o
 a GPU the chain runs on the device and only the chosen token comes back. `--temp 0` picks the
 arg-max of the biased, penalised logits. The uniform draw comes from NumPy's PCG64 seeded with
 `seed`, so runs repeat exactly for a given seed (llama.cpp's mt19937 stream is not mimicked).
+
+Each name `--samplers` takes is a function in SAMPLERS, `step(sampler, ids, logits) -> (ids, logits)`,
+registered with `@sampler_step`; a plugin adds its own the same way.
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ from __future__ import annotations
 import secrets
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
+
+from .plugins import from_plugin, register
 
 DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp: "use a random seed"
 CHAIN = ("penalties", "top_k", "top_p", "min_p", "temperature")
@@ -23,15 +29,33 @@ ALIASES = {"top-k": "top_k", "top-p": "top_p", "nucleus": "top_p", "min-p": "min
            "typical": "typ_p", "typical-p": "typ_p", "typ-p": "typ_p", "typ": "typ_p", "top-n-sigma": "top_n_sigma"}
 
 
+SAMPLERS: dict[str, Callable] = {}  # name -> step(sampler, ids, logits) -> (ids, logits)
+
+
+def sampler_step(name: str):
+    """Register the decorated `step(sampler, ids, logits) -> (ids, logits)` as `--samplers` NAME: it
+    narrows or reweights the candidates (`ids` and their `logits`, arrays of the logits' array
+    module); `sampler` gives its params, rng and history."""
+    def add(step):
+        register("sampler", name, SAMPLERS, step)
+        return step
+    return add
+
+
+def sampler_names() -> tuple[str, ...]:
+    """Every name --samplers takes now: the chain's, plugins', and llama.cpp's idle ones."""
+    return (*SAMPLERS, *IDLE)
+
+
 def parse_samplers(spec: str) -> tuple[str, ...]:
     """--samplers 'penalties;top_k;top_p;min_p;temperature' (llama.cpp's names and separators)."""
     from .errors import InvalidInputError
 
     names = [ALIASES.get(n.strip().lower(), n.strip().lower()) for n in spec.replace(",", ";").split(";") if n.strip()]
-    unknown = [n for n in names if n not in CHAIN + IDLE]
+    unknown = [n for n in names if n not in sampler_names()]
     if unknown:
-        raise InvalidInputError(f"--samplers: unknown sampler '{unknown[0]}' (known: {', '.join(CHAIN + IDLE)})")
-    return tuple(n for n in names if n in CHAIN)
+        raise InvalidInputError(f"--samplers: unknown sampler '{unknown[0]}' (known: {', '.join(sampler_names())})")
+    return tuple(n for n in names if n in SAMPLERS)
 
 
 @dataclass
@@ -72,7 +96,7 @@ class Sampler:
                   "min_p": p.min_p > 0.0, "temperature": True}
         shown = {"top_k": "top-k", "top_p": "top-p", "min_p": "min-p", "temperature": "temp-ext"}
         steps = ([("logit-bias", True)] if p.logit_bias else []) + \
-            [(shown.get(name, name), active[name]) for name in p.chain] + [("dist", True)]
+            [(shown.get(name, name), active.get(name, True)) for name in p.chain] + [("dist", True)]
         return "logits -> " + " -> ".join(name if on else f"?{name}" for name, on in steps)
 
     def _penalties_active(self) -> bool:
@@ -86,15 +110,32 @@ class Sampler:
         for token, bias in p.logit_bias:
             values[token] += np.float32(bias)
         ids = xp.arange(len(values))
-        if p.temp <= 0.0:
-            if "penalties" in p.chain:
-                ids, values = self._penalties(ids, values)
-            return self.ops.argmax(values)
+        if p.temp <= 0.0:  # greedy: the steps that can change the arg-max (penalties, plugins') only
+            for name in p.chain:
+                if name == "penalties" or from_plugin("sampler", name):
+                    ids, values = self._step(name, ids, values)
+            return int(ids[self.ops.argmax(values)])
         for name in p.chain:
-            ids, values = getattr(self, f"_{name}")(ids, values)
+            ids, values = self._step(name, ids, values)
         probs = xp.exp(values - values.max())
         return self.ops.sample_cdf(probs, ids, float(self.rng.random()))
 
+    def _step(self, name: str, ids, values):
+        if not from_plugin("sampler", name):
+            return SAMPLERS[name](self, ids, values)
+        from .errors import LLMError
+        from .plugins import describe
+
+        try:
+            ids, values = SAMPLERS[name](self, ids, values)
+        except Exception as e:
+            raise LLMError(f"{describe('sampler', name)} failed: {type(e).__name__}: {e}") from e
+        if len(ids) != len(values) or len(ids) == 0:
+            raise LLMError(f"{describe('sampler', name)} returned {len(ids)} ids for {len(values)} logits; "
+                           "it must keep at least one candidate, one logit per id")
+        return ids, values
+
+    @sampler_step("penalties")
     def _penalties(self, ids, values):
         """llama.cpp's penalties on the candidates: repeat (scaling), frequency and presence
         (subtracted), by how often each token appears in the last repeat_last_n."""
@@ -111,9 +152,11 @@ class Sampler:
                                                   + hit * np.float32(p.presence_penalty))
         return ids, values.astype(np.float32)
 
+    @sampler_step("temperature")
     def _temperature(self, ids, values):
         return ids, values / np.float32(self.params.temp)
 
+    @sampler_step("top_k")
     def _top_k(self, ids, values):
         xp, k = self.ops.xp, self.params.top_k
         if k <= 0 or k >= len(values):
@@ -123,6 +166,7 @@ class Sampler:
             order = part[xp.argsort(-values[part], kind="stable")]
         return ids[order], values[order]
 
+    @sampler_step("top_p")
     def _top_p(self, ids, values):
         top_p, xp = self.params.top_p, self.ops.xp
         if top_p >= 1.0:
@@ -135,6 +179,7 @@ class Sampler:
         keep = max(min(reached + 1, len(values)), self.params.min_keep)
         return ids[:keep], values[:keep]
 
+    @sampler_step("min_p")
     def _min_p(self, ids, values):
         min_p = self.params.min_p
         if min_p <= 0.0:

@@ -2,7 +2,8 @@
 (spec.py) and chosen by flag (factory.py)."""
 
 from .base import AttnGroup, AttnView, LoadedState, Memory, MemoryContext, MemoryStatus, RecurrentView
-from .factory import CTX_KINDS, KV_KINDS, MEMORY_KINDS, MemoryParams, create_memory, memory_kind
+from .factory import (CTX_KINDS, MASK_PRODUCERS, MEMORY_KINDS, MemoryParams, attention_refusal, create_memory, kv_bytes,
+                      kv_choices, mask_choices, mask_producer, memory_kind, with_recurrent)
 from .iswa import KVCacheISWA
 from .kv_cache import KVCache
 from .none import NoKVMemory
@@ -12,5 +13,6 @@ from .storage import CACHE_TYPES
 
 __all__ = ["AttnGroup", "AttnView", "RecurrentView", "LoadedState", "Memory", "MemoryContext", "MemoryStatus",
            "KVCache", "KVCacheISWA", "NoKVMemory", "RecurrentMemory", "AttnSpec", "RecurrentSpec", "RopeSpec",
-           "MemorySpec", "MemoryParams", "create_memory", "memory_kind", "MEMORY_KINDS", "KV_KINDS",
+           "MemorySpec", "MemoryParams", "create_memory", "memory_kind", "mask_producer", "MEMORY_KINDS", "MASK_PRODUCERS",
+           "kv_choices", "mask_choices", "attention_refusal", "kv_bytes", "with_recurrent",
            "CTX_KINDS", "CACHE_TYPES"]

@@ -2,7 +2,9 @@
 the flags (core/plan.py, where the refusals of flag combinations live).
 
 Each `--kv` value is a `MemoryKind` registered with `@memory_kind`: a new kind of memory adds one
-there, with its builder, its size and the models it refuses; the choosing code stays as it is."""
+there, with its builder, its size and the models it refuses; the choosing code stays as it is.
+Each `--attn-mask` value is a mask producer registered with `@mask_producer` the same way. A plugin
+(core/plugins.py) registers through the same two decorators."""
 
 from __future__ import annotations
 
@@ -14,11 +16,12 @@ import numpy as np
 
 from ..backend import default_cache_type
 from ..errors import InvalidInputError
+from ..plugins import register
 from .base import Memory
 from .composite import HybridMemory
 from .iswa import KVCacheISWA, swa_cache_size
 from .kv_cache import KVCache
-from .masks import TOPK_AUTO_MIN_KV, TOPK_AUTO_RATIO, BlockTopK, IndexerTopK, MaskProducer, SparseParams
+from .masks import TOPK_AUTO_MIN_KV, TOPK_AUTO_RATIO, BlockTopK, IndexerTopK, MaskProducer, SparseParams, parse_layers
 from .none import NoKVMemory
 from .recurrent import RecurrentMemory
 from .spec import AttnSpec, MemorySpec, RecurrentSpec
@@ -43,6 +46,8 @@ class MemoryParams:
     attn: str = "auto"  # attention path where a sparse bound exists: auto, dense or sparse
     attn_impl: str = "auto"  # latent-attention models: cache the latent ("mla") or per-head K/V ("naive")
     sparse: SparseParams = field(default_factory=SparseParams)
+    attn_mask: str = "auto"  # the mask producer of the selecting layers: auto (topk where --sparse-topk), or a name
+    kv_budget: int = 0  # cells per sequence an evicting memory kind keeps (0: the kind's default)
 
 
 @dataclass(frozen=True)
@@ -53,31 +58,63 @@ class MemoryKind:
     nbytes: Callable[[MemorySpec, MemoryParams], int]
     refuses: Callable[[MemorySpec, str, MemoryParams], str | None]
     holds_kv: bool = True  # its storage types are -ctk/-ctv
+    budgeted: bool = False  # it keeps at most --kv-budget cells per sequence, evicting the others
 
 
 MEMORY_KINDS: dict[str, MemoryKind] = {}
+# --attn-mask NAME: a function of the memory's parameters giving the producer of the selecting layers
+MASK_PRODUCERS: dict[str, Callable[[MemoryParams], MaskProducer]] = {}
 
 
-def memory_kind(name: str, nbytes, refuses, holds_kv: bool = True):
-    """Register the decorated builder as `--kv name`."""
-    def register(build):
-        MEMORY_KINDS[name] = MemoryKind(build, nbytes, refuses, holds_kv)
+def memory_kind(name: str, nbytes=None, refuses=None, holds_kv: bool = True, budgeted: bool = False):
+    """Register the decorated builder `build(spec, params, backend) -> Memory` as `--kv name`.
+    `nbytes(spec, params)` is what it will allocate (checked against the memory available; None:
+    not checked), `refuses(spec, arch, params)` why it cannot serve a model (None: it can);
+    `holds_kv`: -ctk/-ctv type its rows; `budgeted`: it takes --kv-budget."""
+    def add(build):
+        kind = MemoryKind(build, nbytes or (lambda spec, p: 0), refuses or (lambda spec, arch, p: None),
+                          holds_kv, budgeted)
+        register("memory kind", name, MEMORY_KINDS, kind)
         return build
-    return register
+    return add
+
+
+def mask_producer(name: str):
+    """Register the decorated `make(params) -> MaskProducer` as `--attn-mask name`: the producer of
+    every full-attention layer --sparse-layers names (it reads --sparse-topk and the other
+    MemoryParams as it likes)."""
+    def add(make):
+        register("mask producer", name, MASK_PRODUCERS, make)
+        return make
+    return add
+
+
+@mask_producer("topk")
+def _block_topk(p: MemoryParams) -> BlockTopK:
+    """Under --attn auto block top-k selects only where that pays; otherwise always."""
+    sp = p.sparse
+    min_kv = max(TOPK_AUTO_MIN_KV, TOPK_AUTO_RATIO * (sp.topk + sp.n_local)) if p.attn == "auto" else 0
+    return BlockTopK(sp.topk, sp.block, sp.n_local, min_kv)
+
+
+def mask_name(p: MemoryParams) -> str:
+    """The --attn-mask that runs: auto is block top-k where --sparse-topk is given, else none ("")."""
+    if p.attn_mask != "auto":
+        return p.attn_mask
+    return "topk" if p.sparse.topk else ""
 
 
 def mask_producers(spec: MemorySpec, p: MemoryParams) -> dict[int, MaskProducer]:
-    """The indexer of every layer that has one (DSA), and the block top-k producer of every other
-    full-attention layer --sparse-layers names (window layers keep their window). Under --attn
-    auto block top-k selects only where that pays; otherwise always."""
+    """The indexer of every layer that has one (DSA), and the --attn-mask producer (block top-k by
+    default) of every other full-attention layer --sparse-layers names (window layers keep their
+    window)."""
     indexed = {il: IndexerTopK(layer.indexer.top_k) for il, layer in spec.of(AttnSpec).items() if layer.indexer}
-    sp = p.sparse
-    if not sp.topk:
+    name = mask_name(p)
+    if not name:
         return indexed
-    min_kv = max(TOPK_AUTO_MIN_KV, TOPK_AUTO_RATIO * (sp.topk + sp.n_local)) if p.attn == "auto" else 0
-    topk = BlockTopK(sp.topk, sp.block, sp.n_local, min_kv)
-    return {**{il: topk for il, layer in spec.of(AttnSpec).items()
-               if layer.window == 0 and not layer.indexer and sp.selects(il)}, **indexed}
+    producer, layers = MASK_PRODUCERS[name](p), parse_layers(p.sparse.layers)
+    return {**{il: producer for il, layer in spec.of(AttnSpec).items()
+               if layer.window == 0 and not layer.indexer and il in layers}, **indexed}
 
 
 def default_kind(spec: MemorySpec) -> str:
@@ -125,7 +162,7 @@ def create_memory(plan, p: MemoryParams, backend) -> Memory:
 
 # ---- the kinds ---------------------------------------------------------------------------
 
-def _attention_only(name: str):
+def attention_refusal(name: str):
     """Refusals of an attention cache: on a hybrid model it is the attention part of --kv hybrid."""
     def refuses(spec: MemorySpec, arch: str, p: MemoryParams) -> str | None:
         if spec.of(RecurrentSpec) and not spec.of(AttnSpec):
@@ -142,7 +179,7 @@ def _attention_only(name: str):
     return refuses
 
 
-def _kv_bytes(spec: MemorySpec, p: MemoryParams, n_cells: int, window_cells: int | None = None) -> int:
+def kv_bytes(spec: MemorySpec, p: MemoryParams, n_cells: int, window_cells: int | None = None) -> int:
     """Bytes of K/V rows: n_cells per layer, or window_cells for the windowed layers if given; and
     of the recurrent states of a hybrid model's other layers."""
     total = _state_bytes(spec, p)
@@ -162,32 +199,32 @@ def _window(spec: MemorySpec) -> dict:
     return dict(n_swa=spec.window, swa_layers=spec.window_layers) if spec.window_layers else {}
 
 
-def _with_recurrent(spec: MemorySpec, p: MemoryParams, backend, attention: Memory) -> Memory:
+def with_recurrent(spec: MemorySpec, p: MemoryParams, backend, attention: Memory) -> Memory:
     """An attention cache alone, or on a hybrid model beside the recurrent states (--kv hybrid)."""
     if not spec.of(RecurrentSpec):
         return attention
     return HybridMemory(attention, _recurrent(spec, p, backend))
 
 
-@memory_kind("unified", lambda spec, p: _kv_bytes(spec, p, p.n_ctx), _attention_only("unified"))
+@memory_kind("unified", lambda spec, p: kv_bytes(spec, p, p.n_ctx), attention_refusal("unified"))
 def _unified(spec: MemorySpec, p: MemoryParams, backend) -> Memory:
     cache = KVCache(spec.of(AttnSpec), p.n_ctx, p.n_seq_max, 1, p.type_k, p.type_v, kind="unified", backend=backend,
                     producers=mask_producers(spec, p), **_window(spec))
-    return _with_recurrent(spec, p, backend, cache)
+    return with_recurrent(spec, p, backend, cache)
 
 
-@memory_kind("split", lambda spec, p: _kv_bytes(spec, p, p.n_ctx), _attention_only("split"))
+@memory_kind("split", lambda spec, p: kv_bytes(spec, p, p.n_ctx), attention_refusal("split"))
 def _split(spec: MemorySpec, p: MemoryParams, backend) -> Memory:
     cache = KVCache(spec.of(AttnSpec), p.n_ctx // p.n_seq_max, p.n_seq_max, p.n_seq_max, p.type_k, p.type_v,
                     kind="split", producers=mask_producers(spec, p), backend=backend, **_window(spec))
-    return _with_recurrent(spec, p, backend, cache)
+    return with_recurrent(spec, p, backend, cache)
 
 
-@memory_kind("iswa", lambda spec, p: _kv_bytes(spec, p, p.n_ctx, _window_cells(spec, p)), _attention_only("iswa"))
+@memory_kind("iswa", lambda spec, p: kv_bytes(spec, p, p.n_ctx, _window_cells(spec, p)), attention_refusal("iswa"))
 def _iswa(spec: MemorySpec, p: MemoryParams, backend) -> Memory:
     cache = KVCacheISWA(spec.of(AttnSpec), set(spec.window_layers), p.n_ctx, spec.window, p.n_ubatch, p.n_seq_max,
                         p.type_k, p.type_v, p.swa_full, producers=mask_producers(spec, p), backend=backend)
-    return _with_recurrent(spec, p, backend, cache)
+    return with_recurrent(spec, p, backend, cache)
 
 
 def _hybrid_only(spec: MemorySpec, arch: str, p: MemoryParams) -> str | None:
@@ -220,14 +257,14 @@ def _latent_only(name: str):
     return refuses
 
 
-@memory_kind("mla", lambda spec, p: _kv_bytes(spec, p, p.n_ctx), _latent_only("mla"))
+@memory_kind("mla", lambda spec, p: kv_bytes(spec, p, p.n_ctx), _latent_only("mla"))
 def _mla(spec: MemorySpec, p: MemoryParams, backend) -> Memory:
     """K-only rows (the latent and the rope part, one head); V is a view of them."""
     return KVCache(spec.of(AttnSpec), p.n_ctx, p.n_seq_max, 1, p.type_k, p.type_v, kind="mla", backend=backend,
                    producers=mask_producers(spec, p))
 
 
-@memory_kind("dsa", lambda spec, p: _kv_bytes(spec, p, p.n_ctx), _latent_only("dsa"))
+@memory_kind("dsa", lambda spec, p: kv_bytes(spec, p, p.n_ctx), _latent_only("dsa"))
 def _dsa(spec: MemorySpec, p: MemoryParams, backend) -> Memory:
     """The MLA latent cache and, in the same cells, one head of indexer keys per layer."""
     return KVCache(spec.of(AttnSpec), p.n_ctx, p.n_seq_max, 1, p.type_k, p.type_v, kind="dsa", backend=backend,
@@ -257,7 +294,14 @@ def _none(spec: MemorySpec, p: MemoryParams, backend) -> Memory:
                       producers=mask_producers(spec, p), xp=backend.xp, **_window(spec))
 
 
-KV_KINDS = ("auto", *MEMORY_KINDS)
+def kv_choices() -> tuple[str, ...]:
+    """--kv's values now: auto, the built-in kinds, and those plugins registered."""
+    return ("auto", *MEMORY_KINDS)
+
+
+def mask_choices() -> tuple[str, ...]:
+    """--attn-mask's values now: auto and every registered producer."""
+    return ("auto", *MASK_PRODUCERS)
 
 
 def check_fits(n_bytes: int, n_ctx: int, xp) -> None:

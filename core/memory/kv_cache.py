@@ -144,6 +144,7 @@ class KVCache(Memory):
         slots = []
         try:
             for ub in ubatches:
+                self.make_room(ub)
                 slot = self.find_slot(ub)
                 if slot is None:
                     return None
@@ -154,6 +155,11 @@ class KVCache(Memory):
                 cells.restore(snap)
             self.heads = saved_heads
         return slots
+
+    def make_room(self, ub: UBatch) -> None:
+        """Called before each ubatch is placed, when planning and again when applying it: where an
+        evicting cache (a plugin's) frees cells or moves positions, with cell metadata only. A
+        position moved here (`cells.shift`) has its keys re-rotated before the ubatch attends."""
 
     def find_slot(self, ub: UBatch) -> tuple[np.ndarray, np.ndarray] | None:
         """(stream, cell) for every token of the ubatch, or None when a stream is full."""
@@ -452,8 +458,19 @@ class KVCacheContext(MemoryContext):
 
     def apply(self) -> None:
         self._undo = self._snapshot()
+        self.cache.make_room(self.ubatch)
+        self._shift_keys()
         self.cache.apply_ubatch(self.slots[self.index], self.ubatch)
         self._groups = []
+
+    def _shift_keys(self) -> None:
+        """Re-rotate the keys of cells make_room moved, keeping their rows for a rollback."""
+        moved = [(st, np.flatnonzero((c.shift != 0) & (c.pos >= 0))) for st, c in enumerate(self.cache.cells)]
+        moved = [(st, idxs) for st, idxs in moved if len(idxs)]
+        if moved:
+            self._undo[1].extend((store, st, idxs, store.raw(st, idxs)) for st, idxs in moved
+                                 for store in self.cache.stores)
+            self.cache.update(self.cache.backend)
 
     def _snapshot(self):
         """What apply() and the stores after it can change: the touched streams' cells and head,

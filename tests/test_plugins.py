@@ -1,0 +1,366 @@
+"""Plugins (issue: a Python API and plugins): a file or an installed package registers a memory kind,
+a mask producer, a sampler or an architecture, and every tool takes the name; bad plugins get one
+sentence naming the file and the name. The StreamingLLM example runs through generate, perplexity
+and bench, and keeps the memory protocol's promises (rollback, state files, seq_rm)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llmsuite
+from conftest import TINY_GEMMA3, real_model
+from llmsuite.core import plugins
+from llmsuite.core.batch import Batch
+from llmsuite.core.context import Context, DecodeStatus
+from llmsuite.core.memory import factory
+from llmsuite.core.memory.masks import CausalMask
+from llmsuite.core.models import registry
+from llmsuite.core.sampling import SAMPLERS, Sampler, SamplerParams
+
+ROOT = Path(__file__).resolve().parents[1]
+STREAMING = ROOT / "docs" / "examples" / "streaming_llm.py"
+LLM = [sys.executable, "-m", "llmsuite.cli.main"]
+
+
+def llm(*args, env=None):
+    return subprocess.run(LLM + [str(a) for a in args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode == 1, result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert all(f in lines[0] for f in fragments), lines[0]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.fixture
+def registries():
+    """Plugins loaded in this process are forgotten after the test."""
+    tables = [factory.MEMORY_KINDS, factory.MASK_PRODUCERS, SAMPLERS, registry.ARCHITECTURES, plugins._origins]
+    saved = [dict(t) for t in tables]
+    loaded = set(plugins._loaded)
+    yield
+    for table, copy in zip(tables, saved):
+        table.clear()
+        table.update(copy)
+    plugins._loaded.clear()
+    plugins._loaded.update(loaded)
+
+
+def plugin_file(tmp_path, body: str, name: str = "myplugin.py") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+# ---- the API --------------------------------------------------------------------------------
+
+def test_api_generate_equals_the_cli():
+    model = llmsuite.load("smollm2-135m")
+    text = llmsuite.generate(model, "The capital of France is", n_predict=8, temp=0)
+    r = llm("generate", "-p", "The capital of France is", "-n", "8", "--temp", "0")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "The capital of France is" + text + "\n"
+    pieces = list(llmsuite.stream_generate(model, "The capital of France is", n_predict=8, temp=0))
+    assert len(pieces) > 1 and "".join(pieces) == text
+
+
+def test_api_context_takes_the_flags_names():
+    model = llmsuite.load("smollm2-135m")
+    ctx = llmsuite.Context(model, kv="split", n_ctx=256, n_seq_max=2)
+    assert ctx.memory.kind == "split" and ctx.params.n_seq_max == 2 and ctx.n_ctx == 256
+    assert llmsuite.generate(ctx, "The capital of France is", n_predict=4, temp=0) == \
+        llmsuite.generate(model, "The capital of France is", n_predict=4, temp=0, n_ctx=256)
+    with pytest.raises(TypeError, match="n_cxt"):
+        llmsuite.Context(model, n_cxt=256)
+
+
+def test_api_perplexity_equals_the_cli():
+    model = llmsuite.load("smollm2-135m")
+    text = (ROOT / "tests" / "fixtures" / "hamlet.md").read_text()[:6000]
+    result = llmsuite.perplexity(model, text, n_ctx=128, chunks=3)
+    path = ROOT / "tests" / "fixtures" / "hamlet.md"
+    r = llm("perplexity", "-f", path, "-c", "128", "--chunks", "3", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    cli = json.loads(r.stdout)
+    # the CLI reads the whole file; the first chunks are the same tokens
+    assert cli["chunks"] == [round(v, 6) for v in result.running_ppl]
+
+
+def test_api_bench_sweeps_an_axis():
+    results = llmsuite.bench("smollm2-135m", ["tg2"], repetitions=1, warmup=False, kv=["unified", "split"])
+    assert [r.instance.kv for r in results] == ["unified", "split"]
+    assert all(r.avg_ts > 0 and len(r.samples_ns) == 1 for r in results)
+
+
+# ---- registering, and bad plugins -----------------------------------------------------------
+
+def test_plugin_names_appear_in_help_and_are_taken():
+    r = llm("generate", "--plugin", STREAMING, "--help")
+    assert r.returncode == 0 and "streaming" in r.stdout
+    r = llm("bench", "--help")
+    assert r.returncode == 0 and "streaming" not in r.stdout
+    r = llm("bench", "--plugin", STREAMING, "--help")
+    assert "streaming" in r.stdout
+    assert_one_line_error(llm("generate", "--kv", "streaming", "-p", "x"), "unknown --kv 'streaming'")
+
+
+@pytest.mark.parametrize("body, fragments", [
+    ("import no_such_module_here\n", ["bad.py failed to load", "ModuleNotFoundError", "no_such_module_here"]),
+    ("def broken(:\n", ["bad.py failed to load", "SyntaxError"]),
+    ("import llmsuite\nraise RuntimeError('not today')\n", ["bad.py failed to load", "not today"]),
+    ("import llmsuite\nllmsuite.memory_kind('unified')(lambda spec, p, backend: None)\n",
+     ["bad.py", "memory kind 'unified'", "already exists", "built-in"]),
+    ("import llmsuite\nllmsuite.sampler_step('top_k')(lambda s, ids, logits: (ids, logits))\n",
+     ["bad.py", "sampler 'top_k'", "already exists"]),
+    ("import llmsuite\nllmsuite.architecture('llama')(object)\n", ["bad.py", "architecture 'llama'", "already exists"]),
+    ("import llmsuite\nllmsuite.mask_producer('no way')(lambda p: None)\n", ["bad.py", "'no way'", "non-empty word"]),
+])
+def test_bad_plugins_are_one_sentence_naming_the_file(tmp_path, body, fragments):
+    path = plugin_file(tmp_path, body, "bad.py")
+    assert_one_line_error(llm("generate", "--plugin", path, "-p", "x", "-n", "1"), *fragments)
+
+
+def test_a_missing_plugin_and_a_name_registered_twice(tmp_path):
+    assert_one_line_error(llm("tokenize", "--plugin", tmp_path / "nope.py", "-p", "x"), "nope.py", "no such file")
+    first = plugin_file(tmp_path, "import llmsuite\nllmsuite.memory_kind('mine')(lambda spec, p, b: None)\n", "a.py")
+    second = plugin_file(tmp_path, "import llmsuite\nllmsuite.memory_kind('mine')(lambda spec, p, b: None)\n", "b.py")
+    assert_one_line_error(llm("models", "--plugin", first, "--plugin", second), "b.py", "'mine'", "from", "a.py")
+
+
+def test_an_installed_plugin_registers_through_its_entry_point(tmp_path):
+    package = tmp_path / "site"
+    (package / "demo_plugin").mkdir(parents=True)
+    (package / "demo_plugin" / "__init__.py").write_text(textwrap.dedent("""
+        import llmsuite
+
+        @llmsuite.sampler_step("keep_two")
+        def keep_two(sampler, ids, logits):
+            order = logits.argsort()[::-1][:2]
+            return ids[order], logits[order]
+    """))
+    info = package / "demo_plugin-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: demo-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[llmsuite.plugins]\ndemo = demo_plugin\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(package), os.environ.get("PYTHONPATH", "")])}
+    r = llm("generate", "--help", env=env)
+    assert r.returncode == 0 and "keep_two" in r.stdout
+    r = llm("generate", "-p", "Once", "-n", "3", "--samplers", "keep_two;temperature", "-s", "1", env=env)
+    assert r.returncode == 0, r.stderr
+    (package / "demo_plugin" / "__init__.py").write_text("raise ImportError('broken on purpose')\n")
+    assert_one_line_error(llm("models", env=env), "installed plugin demo", "broken on purpose")
+
+
+def test_a_sampler_plugin_runs_in_the_chain(registries, tmp_path):
+    llmsuite.load_plugin(plugin_file(tmp_path, """
+        import llmsuite
+
+        @llmsuite.sampler_step("no_argmax")
+        def no_argmax(sampler, ids, logits):
+            keep = logits < logits.max()
+            return ids[keep], logits[keep]
+    """))
+    logits = np.array([0.0, 3.0, 1.0, 2.0], np.float32)
+    greedy = Sampler(SamplerParams(temp=0, chain=("no_argmax",)))
+    assert greedy.sample(logits) == 3  # the best but one, in greedy too
+    sampled = Sampler(SamplerParams(temp=1, seed=3, top_k=0, top_p=1, min_p=0, chain=("no_argmax", "temperature")))
+    assert {sampled.sample(logits) for _ in range(50)} <= {0, 2, 3}
+    assert "no_argmax" in sampled.describe()
+
+
+def test_a_failing_sampler_names_its_plugin(registries, tmp_path):
+    llmsuite.load_plugin(plugin_file(tmp_path, """
+        import llmsuite
+
+        @llmsuite.sampler_step("empty")
+        def empty(sampler, ids, logits):
+            return ids[:0], logits[:0]
+    """, "empty.py"))
+    with pytest.raises(llmsuite.core.errors.LLMError, match="sampler 'empty' \\(plugin empty.py\\)"):
+        Sampler(SamplerParams(temp=0, chain=("empty",))).sample(np.zeros(4, np.float32))
+
+
+def test_a_mask_producer_plugin_is_taken_by_attn_mask(registries, tmp_path):
+    llmsuite.load_plugin(plugin_file(tmp_path, """
+        import llmsuite
+
+        CALLS = []
+
+        class Everything:
+            kind, uses_queries = "everything", True
+
+            def __call__(self, inp):
+                CALLS.append(inp.il)
+                return inp.base, 0
+
+        @llmsuite.mask_producer("everything")
+        def make(params):
+            return Everything()
+    """, "masks.py"))
+    calls = sys.modules["llmsuite_plugin_masks"].CALLS
+    model = real_model("smollm2-135m")
+    prompt = model.vocab.tokenize("The capital of France is", add_special=True)
+    outputs = {}
+    for mask in ("auto", "everything"):
+        ctx = Context(model, n_ctx=64, attn_mask=mask, sparse=factory.SparseParams(layers="all"))
+        assert ctx.decode(Batch.from_tokens(prompt)) == DecodeStatus.OK, ctx.last_error
+        outputs[mask] = ctx.get_logits().copy()
+    assert sorted(set(calls)) == list(range(model.hparams.n_layer))
+    assert np.array_equal(outputs["auto"], outputs["everything"])
+
+
+BROKEN_MEMORY = """
+    import llmsuite
+    from llmsuite.core.memory import KVCache, AttnSpec
+
+    class WrongShape:
+        kind, uses_queries = "wrong", False
+
+        def __call__(self, inp):
+            return (inp.base[:, :-1] if inp.pos.max() >= 10 else inp.base), 0
+
+    class Broken(KVCache):
+        def make_room(self, ub):
+            if ub.pos[0] >= 30:
+                raise ValueError("no room for you")
+
+    @llmsuite.memory_kind("broken")
+    def broken(spec, p, backend):
+        layers = spec.of(AttnSpec)
+        return Broken(layers, p.n_ctx, p.n_seq_max, 1, p.type_k, p.type_v, kind="broken", backend=backend,
+                      producers={il: WrongShape() for il in layers})
+"""
+
+
+def test_a_plugin_memory_that_breaks_is_rolled_back_and_named(registries, tmp_path):
+    llmsuite.load_plugin(plugin_file(tmp_path, BROKEN_MEMORY, "broken.py"))
+    model = real_model("smollm2-135m")
+    ctx = Context(model, n_ctx=64, n_ubatch=4, n_batch=16, kv="broken")
+    assert ctx.decode(Batch.from_tokens(np.arange(1, 7))) == DecodeStatus.OK
+    before = ctx.state_bytes()
+    # the second ubatch (positions 10..13) gets a mask of the wrong shape; the first (6..9) stays,
+    # as llama.cpp keeps the ubatches done before a failure
+    assert ctx.decode(Batch.from_tokens(np.arange(1, 9))) == DecodeStatus.COMPUTE_FAILED
+    assert "memory kind 'broken' (plugin broken.py) failed: " in ctx.last_error
+    assert ctx.memory.seq_pos_max(0) == 9
+    assert ctx.memory.seq_rm(0, 6, -1)
+    assert ctx.state_bytes() == before
+    # a failure while planning changes nothing at all
+    ctx = Context(model, n_ctx=64, n_ubatch=4, n_batch=32, kv="broken", type_k="f32", type_v="f32")
+    ctx.memory.producers = dict.fromkeys(ctx.memory.producers, CausalMask())  # right shapes: only planning fails
+    assert ctx.decode(Batch.from_tokens(np.arange(1, 21))) == DecodeStatus.OK
+    before = ctx.state_bytes()
+    assert ctx.decode(Batch.from_tokens(np.arange(1, 17))) == DecodeStatus.COMPUTE_FAILED
+    assert "no room for you" in ctx.last_error and ctx.state_bytes() == before
+    r = llm("generate", "--plugin", tmp_path / "broken.py", "--kv", "broken", "-p", "one two three four five six seven",
+            "-n", "8", "-ub", "4", "-b", "4")
+    assert_one_line_error(r, "memory kind 'broken' (plugin broken.py) failed")
+
+
+# ---- the StreamingLLM example ---------------------------------------------------------------
+
+def test_streaming_example_is_short():
+    assert len(STREAMING.read_text().splitlines()) <= 80
+
+
+@pytest.fixture
+def streaming(registries):
+    llmsuite.load_plugin(STREAMING)
+
+
+def decode_greedy(ctx, prompt, steps):
+    assert ctx.decode(Batch.from_tokens(prompt)) == DecodeStatus.OK, ctx.last_error
+    tokens, logits = [], []
+    for _ in range(steps):
+        logits.append(ctx.get_logits().copy())
+        tokens.append(int(np.argmax(logits[-1])))
+        assert ctx.decode(Batch.from_tokens([tokens[-1]])) == DecodeStatus.OK, ctx.last_error
+    return tokens, np.array(logits)
+
+
+def prefill(ctx, tokens, pos0=0):
+    step = ctx.params.n_batch
+    for i in range(0, len(tokens), step):
+        assert ctx.decode(Batch.from_tokens(tokens[i:i + step], pos0=pos0 + i)) == DecodeStatus.OK, ctx.last_error
+
+
+def hamlet_tokens(model, n):
+    text = (ROOT / "tests" / "fixtures" / "hamlet.md").read_text()[:20000]
+    return model.vocab.tokenize(text, add_special=True)[:n]
+
+
+@pytest.mark.float_reference
+def test_streaming_within_its_budget_equals_the_unified_cache(streaming):
+    model = real_model("smollm2-135m")
+    prompt = hamlet_tokens(model, 60)
+    ref = decode_greedy(Context(model, n_ctx=256, kv="unified"), prompt, 20)
+    got = decode_greedy(Context(model, n_ctx=256, kv="streaming", kv_budget=128), prompt, 20)
+    assert got[0] == ref[0]
+    assert np.abs(got[1] - ref[1]).max() < 1e-4
+
+
+def test_streaming_keeps_the_sinks_and_the_window(streaming):
+    model = real_model("smollm2-135m")
+    ctx = Context(model, n_ctx=512, kv="streaming", kv_budget=64, n_ubatch=32, n_batch=64)
+    prompt = hamlet_tokens(model, 300)
+    prefill(ctx, prompt[:200])
+    for token in prompt[200:]:
+        assert ctx.decode(Batch.from_tokens([token])) == DecodeStatus.OK
+    cells = ctx.memory.cells[0]
+    held = np.sort(cells.pos[cells.pos >= 0])
+    window = 64 - 4
+    last = len(prompt) - 1
+    # the window the last token saw, and the sinks just before it: the budget exactly
+    assert held.tolist() == list(range(last + 1 - window - 4, last + 1))
+    assert ctx.memory.seq_pos_max(0) == last and not np.any(cells.shift)
+
+
+def test_streaming_rollback_state_files_and_seq_rm(streaming, tmp_path):
+    model = real_model("smollm2-135m")
+    prompt = hamlet_tokens(model, 150)
+    params = dict(n_ctx=512, kv="streaming", kv_budget=48, n_ubatch=16, n_batch=64)
+    ctx = Context(model, **params)
+    prefill(ctx, prompt[:100])
+    before = ctx.state_bytes()
+    bad = Batch.from_tokens(prompt[100:140])
+    bad.tokens[-1] = model.hparams.n_vocab + 5  # refused before any ubatch
+    assert ctx.decode(bad) == DecodeStatus.INVALID_BATCH
+    assert ctx.state_bytes() == before
+    ctx.save_state(tmp_path / "s.state", prompt[:100])
+    uninterrupted = decode_greedy(ctx, prompt[100:110], 8)[0]
+    resumed = Context(model, **params)
+    resumed.load_state(tmp_path / "s.state")
+    assert decode_greedy(resumed, prompt[100:110], 8)[0] == uninterrupted
+    assert resumed.memory.seq_rm(0, 105, -1)
+    assert resumed.memory.seq_pos_max(0) == 104
+    assert resumed.decode(Batch.from_tokens(prompt[105:110])) == DecodeStatus.OK
+
+
+def test_streaming_runs_through_generate_perplexity_and_bench():
+    plugin = ["--plugin", STREAMING, "--kv", "streaming", "--kv-budget", "64"]
+    r = llm("generate", *plugin, "-p", "Once upon a time", "-n", "80", "--temp", "0", "-c", "48", "--ignore-eos")
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout) > 200  # past -c 48 without a context shift
+    r = llm("perplexity", *plugin, "-f", ROOT / "tests" / "fixtures" / "hamlet.md", "-c", "256", "--chunks", "2")
+    assert r.returncode == 0 and "Final estimate: PPL" in r.stdout, r.stderr
+    r = llm("bench", "--plugin", STREAMING, "--kv", "unified,streaming", "--kv-budget", "64", "-p", "0", "-n", "4",
+            "-d", "128", "-r", "1")
+    assert r.returncode == 0, r.stderr
+    assert "t/s kv=streaming" in r.stdout and "speedup streaming" in r.stdout
+    assert_one_line_error(llm("generate", "--kv-budget", "64", "-p", "x"), "--kv-budget", "--kv unified keeps every cell")
+
+
+def test_streaming_refuses_models_it_cannot_serve(streaming):
+    from llmsuite.core.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="--kv streaming"):
+        Context(llmsuite.load(TINY_GEMMA3.parent / "tiny-mamba.gguf"), kv="streaming")
