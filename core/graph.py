@@ -122,6 +122,8 @@ class Graph:
             out = self.ops.attn_soft_max(q, group.keys, values, mask + kq_bias(group.pos, group.cell_pos), scale)
         else:
             out = self.ops.flash_attn_ext(q, group.keys, values, mask, scale, n_kv_max=n_kv_max)
+        if group.observe is not None:
+            group.observe(self._attention_mass(q, group.keys, mask, scale))
         if self.stats is not None:
             self.ops.synchronize()
             self.stats.add(il, group, mask, time.perf_counter() - t0, self.ops, n_kv_max)
@@ -136,6 +138,14 @@ class Graph:
             # holding the producer and the base keeps their ids from being reused while the key lives
             self._masks[key] = (group.producer, group.mask, self._checked(il, group, group.produce_mask(il, q, self.ops)))
         return self._masks[key][2]
+
+    def _attention_mass(self, q, keys, mask, scale: float):
+        """(n_kv,): the attention probability each cell got from these query rows, summed over the
+        rows and the heads (what flash attention computes and does not keep), in a second pass."""
+        xp, n_head, n_head_kv = self.ops.xp, q.shape[1], keys.shape[1]
+        k = xp.repeat(self.ops.cache_rows_f32(keys).transpose(1, 2, 0), n_head // n_head_kv, axis=0)
+        scores = xp.matmul(xp.asarray(q, dtype=np.float32).transpose(1, 0, 2), k[:, :q.shape[2]])
+        return self.ops.soft_max_ext(scores, mask, scale).sum(axis=(0, 1))
 
     @staticmethod
     def _checked(il: int, group, produced):

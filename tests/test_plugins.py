@@ -266,19 +266,23 @@ def test_a_plugin_memory_that_breaks_is_rolled_back_and_named(registries, tmp_pa
     assert_one_line_error(r, "memory kind 'broken' (plugin broken.py) failed")
 
 
-# ---- the StreamingLLM example ---------------------------------------------------------------
+# ---- the examples: StreamingLLM and H2O ------------------------------------------------------
+
+EXAMPLES = {"streaming": STREAMING, "h2o": ROOT / "docs" / "examples" / "h2o.py"}
+
 
 def test_streaming_example_is_short():
     assert len(STREAMING.read_text().splitlines()) <= 80
 
 
 @pytest.fixture
-def streaming(registries):
-    llmsuite.load_plugin(STREAMING)
+def examples(registries):
+    for path in EXAMPLES.values():
+        llmsuite.load_plugin(path)
 
 
 def decode_greedy(ctx, prompt, steps):
-    assert ctx.decode(Batch.from_tokens(prompt)) == DecodeStatus.OK, ctx.last_error
+    prefill(ctx, prompt)
     tokens, logits = [], []
     for _ in range(steps):
         logits.append(ctx.get_logits().copy())
@@ -287,10 +291,11 @@ def decode_greedy(ctx, prompt, steps):
     return tokens, np.array(logits)
 
 
-def prefill(ctx, tokens, pos0=0):
+def prefill(ctx, tokens):
+    """Decode after what sequence 0 holds, -b tokens at a time."""
     step = ctx.params.n_batch
     for i in range(0, len(tokens), step):
-        assert ctx.decode(Batch.from_tokens(tokens[i:i + step], pos0=pos0 + i)) == DecodeStatus.OK, ctx.last_error
+        assert ctx.decode(Batch.from_tokens(tokens[i:i + step])) == DecodeStatus.OK, ctx.last_error
 
 
 def hamlet_tokens(model, n):
@@ -299,16 +304,17 @@ def hamlet_tokens(model, n):
 
 
 @pytest.mark.float_reference
-def test_streaming_within_its_budget_equals_the_unified_cache(streaming):
+@pytest.mark.parametrize("kv", list(EXAMPLES))
+def test_an_example_within_its_budget_equals_the_unified_cache(examples, kv):
     model = real_model("smollm2-135m")
     prompt = hamlet_tokens(model, 60)
     ref = decode_greedy(Context(model, n_ctx=256, kv="unified"), prompt, 20)
-    got = decode_greedy(Context(model, n_ctx=256, kv="streaming", kv_budget=128), prompt, 20)
+    got = decode_greedy(Context(model, n_ctx=256, kv=kv, kv_budget=128), prompt, 20)
     assert got[0] == ref[0]
     assert np.abs(got[1] - ref[1]).max() < 1e-4
 
 
-def test_streaming_keeps_the_sinks_and_the_window(streaming):
+def test_streaming_keeps_the_sinks_and_the_window(examples):
     model = real_model("smollm2-135m")
     ctx = Context(model, n_ctx=512, kv="streaming", kv_budget=64, n_ubatch=32, n_batch=64)
     prompt = hamlet_tokens(model, 300)
@@ -324,10 +330,40 @@ def test_streaming_keeps_the_sinks_and_the_window(streaming):
     assert ctx.memory.seq_pos_max(0) == last and not np.any(cells.shift)
 
 
-def test_streaming_rollback_state_files_and_seq_rm(streaming, tmp_path):
+def test_h2o_keeps_the_window_and_the_heaviest_older_tokens(examples):
+    model = real_model("smollm2-135m")
+    ctx = Context(model, n_ctx=512, kv="h2o", kv_budget=64, n_ubatch=32, n_batch=64)
+    prompt = hamlet_tokens(model, 300)
+    prefill(ctx, prompt[:200])
+    for token in prompt[200:]:
+        assert ctx.decode(Batch.from_tokens([token])) == DecodeStatus.OK
+    cells = ctx.memory.cells[0]
+    held = cells.pos >= 0
+    recent = cells.pos >= len(prompt) - 32
+    assert recent.sum() == 32 and (held & ~recent).sum() == 32
+    assert 0 in cells.pos[held]  # the first token draws attention from everything after it
+    # the mass attention handed out: each of the last decode's rows gives 1 per head and layer
+    last = Context(model, n_ctx=512, kv="h2o", kv_budget=64)
+    assert last.decode(Batch.from_tokens(prompt[:10])) == DecodeStatus.OK
+    total = model.hparams.n_layer * model.hparams.n_head * 10
+    assert last.memory.score[0].sum() == pytest.approx(total, rel=1e-4)
+    # the eviction rule on scores set by hand: of the tokens older than the window, the lightest goes
+    small = Context(model, n_ctx=64, kv="h2o", kv_budget=8, n_ubatch=4, n_batch=4)
+    prefill(small, prompt[:8])
+    memory, cells = small.memory, small.memory.cells[0]
+    weight = {0: 5.0, 1: 1.0, 2: 4.0, 3: 3.0, 4: 2.0}
+    for i, p in enumerate(cells.pos):
+        if int(p) in weight:
+            memory.score[0, i] = weight[int(p)]
+    prefill(small, prompt[8:12])  # the window of position 8 starts at 5: 0..4 are older, four may stay
+    assert sorted(int(p) for p in cells.pos if p >= 0) == [0, 2, 3, 4, *range(5, 12)]
+
+
+@pytest.mark.parametrize("kv", list(EXAMPLES))
+def test_an_example_keeps_rollback_state_files_and_seq_rm(examples, tmp_path, kv):
     model = real_model("smollm2-135m")
     prompt = hamlet_tokens(model, 150)
-    params = dict(n_ctx=512, kv="streaming", kv_budget=48, n_ubatch=16, n_batch=64)
+    params = dict(n_ctx=512, kv=kv, kv_budget=48, n_ubatch=16, n_batch=64, n_seq_max=2)
     ctx = Context(model, **params)
     prefill(ctx, prompt[:100])
     before = ctx.state_bytes()
@@ -336,31 +372,51 @@ def test_streaming_rollback_state_files_and_seq_rm(streaming, tmp_path):
     assert ctx.decode(bad) == DecodeStatus.INVALID_BATCH
     assert ctx.state_bytes() == before
     ctx.save_state(tmp_path / "s.state", prompt[:100])
+    ctx.save_seq_state(tmp_path / "seq.state", 0, prompt[:100])
+    held = sorted(int(p) for p in ctx.memory.cells[0].pos if p >= 0)
     uninterrupted = decode_greedy(ctx, prompt[100:110], 8)[0]
     resumed = Context(model, **params)
-    resumed.load_state(tmp_path / "s.state")
+    resumed.load_state(tmp_path / "s.state")  # the same cells: it continues exactly as the original
+    saved = _held_scores(resumed.memory, 0)
     assert decode_greedy(resumed, prompt[100:110], 8)[0] == uninterrupted
+    one = Context(model, **params)
+    one.load_seq_state(tmp_path / "seq.state", 1)  # into another sequence: other cells, the same contents
+    assert sorted(_held_scores(one.memory, 1)) == held
+    assert _held_scores(one.memory, 1) == saved  # H2O's attention scores travel with their cells
+    assert one.decode(Batch.from_tokens(prompt[100:110], seq_id=1)) == DecodeStatus.OK
     assert resumed.memory.seq_rm(0, 105, -1)
     assert resumed.memory.seq_pos_max(0) == 104
     assert resumed.decode(Batch.from_tokens(prompt[105:110])) == DecodeStatus.OK
 
 
-def test_streaming_runs_through_generate_perplexity_and_bench():
-    plugin = ["--plugin", STREAMING, "--kv", "streaming", "--kv-budget", "64"]
+def _held_scores(memory, stream) -> dict:
+    """Position -> attention score of a stream's cells (H2O); position -> None for a cache without scores."""
+    cells = memory.cells[stream]
+    scores = memory.scores(stream) if hasattr(memory, "scores") else [None] * cells.size
+    return {int(p): (None if s is None else float(s)) for p, s in zip(cells.pos, scores) if p >= 0}
+
+
+@pytest.mark.parametrize("kv", list(EXAMPLES))
+def test_an_example_runs_through_generate_perplexity_and_bench(kv):
+    plugin = ["--plugin", EXAMPLES[kv], "--kv", kv, "--kv-budget", "64"]
     r = llm("generate", *plugin, "-p", "Once upon a time", "-n", "80", "--temp", "0", "-c", "48", "--ignore-eos")
     assert r.returncode == 0, r.stderr
     assert len(r.stdout) > 200  # past -c 48 without a context shift
     r = llm("perplexity", *plugin, "-f", ROOT / "tests" / "fixtures" / "hamlet.md", "-c", "256", "--chunks", "2")
     assert r.returncode == 0 and "Final estimate: PPL" in r.stdout, r.stderr
-    r = llm("bench", "--plugin", STREAMING, "--kv", "unified,streaming", "--kv-budget", "64", "-p", "0", "-n", "4",
+    r = llm("bench", "--plugin", EXAMPLES[kv], "--kv", f"unified,{kv}", "--kv-budget", "64", "-p", "0", "-n", "4",
             "-d", "128", "-r", "1")
     assert r.returncode == 0, r.stderr
-    assert "t/s kv=streaming" in r.stdout and "speedup streaming" in r.stdout
+    assert f"t/s kv={kv}" in r.stdout and f"speedup {kv}" in r.stdout
+
+
+def test_kv_budget_needs_a_kind_that_evicts():
     assert_one_line_error(llm("generate", "--kv-budget", "64", "-p", "x"), "--kv-budget", "--kv unified keeps every cell")
 
 
-def test_streaming_refuses_models_it_cannot_serve(streaming):
+@pytest.mark.parametrize("kv", list(EXAMPLES))
+def test_an_example_refuses_models_it_cannot_serve(examples, kv):
     from llmsuite.core.errors import InvalidInputError
 
-    with pytest.raises(InvalidInputError, match="--kv streaming"):
-        Context(llmsuite.load(TINY_GEMMA3.parent / "tiny-mamba.gguf"), kv="streaming")
+    with pytest.raises(InvalidInputError, match=f"--kv {kv}"):
+        Context(llmsuite.load(TINY_GEMMA3.parent / "tiny-mamba.gguf"), kv=kv)

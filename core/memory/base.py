@@ -39,6 +39,9 @@ class AttnGroup:
     cell_pos: np.ndarray  # (n_kv,) cell positions (-1: empty)
     producer: MaskProducer = field(default_factory=CausalMask)
     extra: dict = field(default_factory=dict)  # what the producer reads besides (e.g. "bounds")
+    # where the memory keeps attention statistics (Memory.observes_attention): called after the
+    # layer's attention with the probability each of these cells got, summed over rows and heads
+    observe: Callable[[np.ndarray], None] | None = None
 
     def produce_mask(self, il: int, q, backend=None, queries: dict | None = None) -> tuple[np.ndarray, int]:
         """(mask, n_kv_max) for these rows' queries q, by the layer's producer (with the backend's
@@ -170,6 +173,14 @@ class Memory(ABC):
 
     # what a failed partial seq_rm says, for the caller's message
     refusal: str = ""
+
+    # True where the memory reads what attention computed (an H2O-style policy): the graph then
+    # computes each cell's attention mass after every layer and calls observe_attention with it
+    observes_attention: bool = False
+
+    def observe_attention(self, il: int, stream: int, mass) -> None:
+        """Layer il's attention over the first len(mass) cells of `stream` gave them this mass
+        (probabilities summed over the ubatch's rows and the heads); an array of the backend's."""
 
     def removal_refusal(self, seq: int, p0: int = -1, p1: int = -1) -> str:
         """Why seq_rm(seq, p0, p1) would be refused ("": it would not); changes nothing."""

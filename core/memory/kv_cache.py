@@ -11,6 +11,8 @@ indexer keys in the same cells, so every cell operation covers them.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..batch import POS_LIMIT, UBatch
@@ -77,6 +79,11 @@ class KVCells:
 
 
 class KVCache(Memory):
+    # an evicting cache (a plugin's) sets this: new tokens take the lowest free cells, so where they
+    # go depends only on which cells are held, not on the order of earlier writes (a state loaded
+    # whole continues as the original did, and the cells attention reads stay packed at the front)
+    fills_lowest_free: bool = False
+
     def __init__(self, layers: dict[int, AttnSpec], kv_size: int, n_seq_max: int = 1, n_stream: int = 1,
                  type_k: str = "f32", type_v: str = "f32", n_swa: int = 0, swa_layers=frozenset(),
                  kind: str = "unified", producers: dict[int, MaskProducer] | None = None, xp=None, backend=None):
@@ -178,7 +185,7 @@ class KVCache(Memory):
         cells, size = self.cells[st], self.kv_size
         if n > size:
             return None
-        head = 0 if self.heads[st] > cells.used() + 2 * n else self.heads[st]
+        head = 0 if self.fills_lowest_free or self.heads[st] > cells.used() + 2 * n else self.heads[st]
         usable = cells.pos < 0
         if self.reuses_cells:
             usable |= self._out_of_window(cells)
@@ -457,11 +464,30 @@ class KVCacheContext(MemoryContext):
         self._undo = None
 
     def apply(self) -> None:
-        self._undo = self._snapshot()
+        """Commit the ubatch: make room (an evicting cache's choice may rest on statistics the
+        ubatches before this one changed, so its slot is found again here; the count of free cells,
+        which planning checked, is the same), re-rotate moved keys, place the tokens."""
+        streams = np.unique(self.slots[self.index][0])
+        self._undo = ([(int(st), self.cache.cells[st].snapshot(), self.cache.heads[st]) for st in streams], [])
         self.cache.make_room(self.ubatch)
+        slot = self.cache.find_slot(self.ubatch)
+        if slot is None:
+            raise RuntimeError(f"{self.cache.kind}: make_room left less room applying a ubatch than planning it")
+        self.slots[self.index] = slot
+        self._keep_rows(slot)
         self._shift_keys()
-        self.cache.apply_ubatch(self.slots[self.index], self.ubatch)
+        self.cache.apply_ubatch(slot, self.ubatch)
         self._groups = []
+
+    def _keep_rows(self, slot) -> None:
+        """For a rollback: the rows of the cells the ubatch takes that held tokens before this apply
+        (a window cache reuses cells; an evicting one frees them in make_room)."""
+        streams, cells = slot
+        for st, snap, _ in self._undo[0]:
+            idxs = cells[streams == st]
+            idxs = idxs[snap[0][idxs] >= 0]
+            if len(idxs):
+                self._undo[1].extend((store, st, idxs, store.raw(st, idxs)) for store in self.cache.stores)
 
     def _shift_keys(self) -> None:
         """Re-rotate the keys of cells make_room moved, keeping their rows for a rollback."""
@@ -471,17 +497,6 @@ class KVCacheContext(MemoryContext):
             self._undo[1].extend((store, st, idxs, store.raw(st, idxs)) for st, idxs in moved
                                  for store in self.cache.stores)
             self.cache.update(self.cache.backend)
-
-    def _snapshot(self):
-        """What apply() and the stores after it can change: the touched streams' cells and head,
-        and the rows of the cells the ubatch takes that held other tokens (a window cache reuses them)."""
-        streams, cells = self.slots[self.index]
-        touched = [int(st) for st in np.unique(streams)]
-        taken = [(st, cells[streams == st]) for st in touched]
-        evicted = [(st, idxs[self.cache.cells[st].pos[idxs] >= 0]) for st, idxs in taken]
-        rows = [(store, st, idxs, store.raw(st, idxs)) for st, idxs in evicted if len(idxs)
-                for store in self.cache.stores]
-        return [(st, self.cache.cells[st].snapshot(), self.cache.heads[st]) for st in touched], rows
 
     def rollback(self) -> None:
         if self._undo is None:
@@ -521,7 +536,8 @@ class KVCacheContext(MemoryContext):
             extra = {} if bounds is None else {"bounds": bounds.view(st, self.cache.k[il], cells.pos)}
             if il in self.cache.idx:
                 extra["indexer_keys"] = self.cache.idx[il].read(st, n_kv, 1)
-            out.append(AttnGroup(rows, k, v, mask, self.ubatch.pos[rows], cells.pos[:n_kv], producer, extra))
+            observe = functools.partial(self.cache.observe_attention, il, st) if self.cache.observes_attention else None
+            out.append(AttnGroup(rows, k, v, mask, self.ubatch.pos[rows], cells.pos[:n_kv], producer, extra, observe))
         return out
 
     def _stream_masks(self):

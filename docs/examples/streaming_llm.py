@@ -34,6 +34,7 @@ class SinksAndWindow:
 
 class StreamingCache(KVCache):
     """A stream per sequence of budget + n_ubatch cells: room for a ubatch beside what it sees."""
+    fills_lowest_free = True
 
     def __init__(self, spec, p, backend):
         self.window = (p.kv_budget or DEFAULT_BUDGET) - N_SINK
