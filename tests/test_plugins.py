@@ -3,6 +3,7 @@ a mask producer, a sampler or an architecture, and every tool takes the name; ba
 sentence naming the file and the name. The StreamingLLM example runs through generate, perplexity
 and bench, and keeps the memory protocol's promises (rollback, state files, seq_rm)."""
 
+import copy
 import json
 import os
 import subprocess
@@ -14,7 +15,8 @@ import numpy as np
 import pytest
 
 import llmsuite
-from conftest import TINY_GEMMA3, real_model
+from conftest import TINY_GEMMA3, real_model, tiny_path
+from gguf_mutants import mutant_file
 from llmsuite.core import plugins
 from llmsuite.core.batch import Batch
 from llmsuite.core.context import Context, DecodeStatus
@@ -48,9 +50,9 @@ def registries():
     saved = [dict(t) for t in tables]
     loaded = set(plugins._loaded)
     yield
-    for table, copy in zip(tables, saved):
+    for table, before in zip(tables, saved):
         table.clear()
-        table.update(copy)
+        table.update(before)
     plugins._loaded.clear()
     plugins._loaded.update(loaded)
 
@@ -216,6 +218,29 @@ def test_a_mask_producer_plugin_is_taken_by_attn_mask(registries, tmp_path):
         outputs[mask] = ctx.get_logits().copy()
     assert sorted(set(calls)) == list(range(model.hparams.n_layer))
     assert np.array_equal(outputs["auto"], outputs["everything"])
+
+
+def test_an_architecture_plugin_runs_its_ggufs(tmp_path):
+    def rename(img):  # tiny-qwen3 as an architecture nobody registered
+        img = copy.copy(img)
+        img.kvs = [[b"myqwen" + k[5:] if k.startswith(b"qwen3.") else k, vtype,
+                    b"myqwen" if k == b"general.architecture" else value] for k, vtype, value in img.kvs]
+        return img
+
+    path = mutant_file(tiny_path("qwen3"), tmp_path, rename)
+    plugin = plugin_file(tmp_path, """
+        import llmsuite
+        from llmsuite.core.models.qwen3 import Qwen3
+
+        @llmsuite.architecture("myqwen")
+        class MyQwen(Qwen3):
+            arch = "myqwen"
+    """, "arch.py")
+    assert_one_line_error(llm("generate", "-m", path, "-p", "hi", "-n", "4"), "unknown architecture 'myqwen'")
+    ran = llm("generate", "--plugin", plugin, "-m", path, "-p", "hi", "-n", "4", "--temp", "0", "--ignore-eos")
+    original = llm("generate", "-m", tiny_path("qwen3"), "-p", "hi", "-n", "4", "--temp", "0", "--ignore-eos")
+    assert ran.returncode == 0 and original.returncode == 0, ran.stderr
+    assert ran.stdout == original.stdout
 
 
 BROKEN_MEMORY = """
