@@ -29,9 +29,9 @@ from .graph import AttnStats, Graph
 from .memory import MemoryParams, MemoryStatus, create_memory
 from .memory.batch_only import BatchOnlyContext
 from .memory.factory import mask_name
-from .plugins import describe, from_plugin
 from .models.base import Model
 from .plan import check_flags, resolve_plan
+from .plugins import describe, from_plugin
 from .statefile import StateFileError, StateReader, StateWriter
 from .threads import use_threads
 
@@ -136,7 +136,7 @@ class Context:
         return self
 
     def __init__(self, model: Model, params: ContextParams | None = None, observer=None, **flags):
-        params, hp = self.params, model.hparams  # normalized by __new__, with the plan
+        params, hp = self.params, model.hparams  # params and flags made one by __new__, with the plan
         self.model = model
         self.backend = model.backend.configured(attn_path=self.plan.attn_path, numerics=self.plan.numerics)
         self.memory = self._create_memory()

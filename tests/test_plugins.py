@@ -339,13 +339,19 @@ def test_an_example_within_its_budget_equals_the_unified_cache(examples, kv):
     assert np.abs(got[1] - ref[1]).max() < 1e-4
 
 
-def test_streaming_keeps_the_sinks_and_the_window(examples):
+def run_past_the_budget(kv: str, n_tokens: int = 300):
+    """A context of --kv-budget 64 fed n_tokens: 200 as a prompt, then one at a time."""
     model = real_model("smollm2-135m")
-    ctx = Context(model, n_ctx=512, kv="streaming", kv_budget=64, n_ubatch=32, n_batch=64)
-    prompt = hamlet_tokens(model, 300)
+    ctx = Context(model, n_ctx=512, kv=kv, kv_budget=64, n_ubatch=32, n_batch=64)
+    prompt = hamlet_tokens(model, n_tokens)
     prefill(ctx, prompt[:200])
     for token in prompt[200:]:
         assert ctx.decode(Batch.from_tokens([token])) == DecodeStatus.OK
+    return ctx, prompt
+
+
+def test_streaming_keeps_the_sinks_and_the_window(examples):
+    ctx, prompt = run_past_the_budget("streaming")
     cells = ctx.memory.cells[0]
     held = np.sort(cells.pos[cells.pos >= 0])
     window = 64 - 4
@@ -356,13 +362,8 @@ def test_streaming_keeps_the_sinks_and_the_window(examples):
 
 
 def test_h2o_keeps_the_window_and_the_heaviest_older_tokens(examples):
-    model = real_model("smollm2-135m")
-    ctx = Context(model, n_ctx=512, kv="h2o", kv_budget=64, n_ubatch=32, n_batch=64)
-    prompt = hamlet_tokens(model, 300)
-    prefill(ctx, prompt[:200])
-    for token in prompt[200:]:
-        assert ctx.decode(Batch.from_tokens([token])) == DecodeStatus.OK
-    cells = ctx.memory.cells[0]
+    ctx, prompt = run_past_the_budget("h2o")
+    model, cells = ctx.model, ctx.memory.cells[0]
     held = cells.pos >= 0
     recent = cells.pos >= len(prompt) - 32
     assert recent.sum() == 32 and (held & ~recent).sum() == 32
