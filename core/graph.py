@@ -141,11 +141,21 @@ class Graph:
 
     def _attention_mass(self, q, keys, mask, scale: float):
         """(n_kv,): the attention probability each cell got from these query rows, summed over the
-        rows and the heads (what flash attention computes and does not keep), in a second pass."""
-        xp, n_head, n_head_kv = self.ops.xp, q.shape[1], keys.shape[1]
-        k = xp.repeat(self.ops.cache_rows_f32(keys).transpose(1, 2, 0), n_head // n_head_kv, axis=0)
-        scores = xp.matmul(xp.asarray(q, dtype=np.float32).transpose(1, 0, 2), k[:, :q.shape[2]])
-        return self.ops.soft_max_ext(scores, mask, scale).sum(axis=(0, 1))
+        rows and the heads (what flash attention computes and does not keep), in a second pass over
+        the cells some row keeps."""
+        xp = self.ops.xp
+        rows, n_head, d = q.shape
+        n_head_kv = keys.shape[1]
+        seen = xp.flatnonzero(xp.isfinite(mask).any(axis=0))
+        k = self.ops.cache_rows_f32(keys[seen])[..., :d].transpose(1, 2, 0)  # (n_head_kv, d, n_seen)
+        # the query heads of a KV head side by side: (n_head_kv, rows * group, d), row-major
+        qg = xp.asarray(q, dtype=np.float32).reshape(rows, n_head_kv, -1, d).transpose(1, 0, 2, 3)
+        group = n_head // n_head_kv
+        probs = self.ops.soft_max_ext(xp.matmul(qg.reshape(n_head_kv, rows * group, d), k),
+                                      xp.repeat(mask[:, seen], group, axis=0), scale)
+        mass = xp.zeros(mask.shape[1], dtype=np.float32)
+        mass[seen] = probs.sum(axis=(0, 1))
+        return mass
 
     @staticmethod
     def _checked(il: int, group, produced):

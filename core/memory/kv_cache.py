@@ -293,26 +293,30 @@ class KVCache(Memory):
             idxs = np.flatnonzero((cells.shift != 0) & (cells.pos >= 0))
             if len(idxs):
                 delta = cells.shift[idxs].astype(np.float32)
+                tables = {}  # layers with the same rope share its table of the deltas
                 for il, spec in self.layers.items():
                     if spec.rope is not None:
-                        self._rotate(backend, st, idxs, self.k[il], spec.n_head_kv, spec.rope, delta)
+                        self._rotate(backend, st, idxs, self.k[il], spec.n_head_kv, spec.rope, delta, tables)
                     if spec.indexer is not None and spec.indexer.rope is not None:
                         basis = hadamard(spec.indexer.head_dim) if spec.indexer.hadamard else None
-                        self._rotate(backend, st, idxs, self.idx[il], 1, spec.indexer.rope, delta, basis)
+                        self._rotate(backend, st, idxs, self.idx[il], 1, spec.indexer.rope, delta, tables, basis)
                 done = True
             cells.shift[:] = 0
         return done
 
     @staticmethod
     def _rotate(backend, st: int, idxs: np.ndarray, store: KVStorage, n_head: int, rope, delta: np.ndarray,
-                basis: np.ndarray | None = None) -> None:
+                tables: dict, basis: np.ndarray | None = None) -> None:
         """Rotate dims [offset, offset + n_rot) of every head of the cells' stored keys; keys stored
         in an orthonormal symmetric `basis` are taken out of it first and put back after."""
         keys = store.to_float(store.rows(st, idxs)).reshape(len(idxs), n_head, -1)
         keys = keys.astype(np.float32)  # a copy: the rope part is rotated in place
         if basis is not None:
             keys = keys @ backend.asarray(basis)
-        table = backend.rope_cache(delta, rope.n_rot, rope.base, rope.freq_scale)
+        key = (rope.n_rot, rope.base, rope.freq_scale)
+        if key not in tables:
+            tables[key] = backend.rope_cache(delta, rope.n_rot, rope.base, rope.freq_scale)
+        table = tables[key]
         keys[..., rope.offset:] = backend.rope(keys[..., rope.offset:], table, neox=rope.neox)
         if basis is not None:
             keys = keys @ backend.asarray(basis)
