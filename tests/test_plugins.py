@@ -423,6 +423,31 @@ def _held_scores(memory, stream) -> dict:
 
 
 @pytest.mark.parametrize("kv", list(EXAMPLES))
+def test_an_example_rolls_back_a_ubatch_that_fails(examples, monkeypatch, kv):
+    """The second ubatch fails after make_room evicted cells and moved the sinks (their keys
+    re-rotated): the memory is then exactly as after the first ubatch alone."""
+    model = real_model("smollm2-135m")
+    prompt = hamlet_tokens(model, 140)
+    params = dict(n_ctx=512, kv=kv, kv_budget=48, n_ubatch=16, n_batch=32)
+    ctx, reference = Context(model, **params), Context(model, **params)
+    for c in (ctx, reference):
+        prefill(c, prompt[:100])
+    prefill(reference, prompt[100:116])
+    forward, calls = model.forward, []
+
+    def fail_second(graph):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return forward(graph)
+
+    monkeypatch.setattr(model, "forward", fail_second)
+    assert ctx.decode(Batch.from_tokens(prompt[100:132])) == DecodeStatus.ABORTED
+    monkeypatch.setattr(model, "forward", forward)
+    assert ctx.state_bytes() == reference.state_bytes()
+
+
+@pytest.mark.parametrize("kv", list(EXAMPLES))
 def test_an_example_runs_through_generate_perplexity_and_bench(kv):
     plugin = ["--plugin", EXAMPLES[kv], "--kv", kv, "--kv-budget", "64"]
     r = llm("generate", *plugin, "-p", "Once upon a time", "-n", "80", "--temp", "0", "-c", "48", "--ignore-eos")
