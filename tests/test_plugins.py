@@ -445,6 +445,20 @@ def test_an_example_rolls_back_a_ubatch_that_fails(examples, monkeypatch, kv):
     assert ctx.decode(Batch.from_tokens(prompt[100:132])) == DecodeStatus.ABORTED
     monkeypatch.setattr(model, "forward", forward)
     assert ctx.state_bytes() == reference.state_bytes()
+    if kv == "h2o":  # failing halfway through the layers: the scores of the layers before go too
+        observe, seen = ctx.memory.observe_attention, []
+
+        def fail_at_layer_ten(il, stream, mass):
+            seen.append(il)
+            if len(seen) == model.hparams.n_layer + 10:
+                raise RuntimeError("stop")
+            observe(il, stream, mass)
+
+        monkeypatch.setattr(ctx.memory, "observe_attention", fail_at_layer_ten)
+        assert ctx.decode(Batch.from_tokens(prompt[116:148])) == DecodeStatus.COMPUTE_FAILED
+        assert "h2o" in ctx.last_error and "stop" in ctx.last_error
+        prefill(reference, prompt[116:132])
+        assert ctx.state_bytes() == reference.state_bytes()
 
 
 @pytest.mark.parametrize("kv", list(EXAMPLES))

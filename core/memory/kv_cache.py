@@ -168,6 +168,14 @@ class KVCache(Memory):
         evicting cache (a plugin's) frees cells or moves positions, with cell metadata only. A
         position moved here (`cells.shift`) has its keys re-rotated before the ubatch attends."""
 
+    def extra_snapshot(self):
+        """What a rollback restores besides cells and rows, taken before each ubatch is applied:
+        statistics a cache of a plugin's keeps (H2O's attention scores); None: nothing."""
+        return None
+
+    def extra_restore(self, snapshot) -> None:
+        """Put back what extra_snapshot took."""
+
     def find_slot(self, ub: UBatch) -> tuple[np.ndarray, np.ndarray] | None:
         """(stream, cell) for every token of the ubatch, or None when a stream is full."""
         streams = ub.seq_id.copy() if self.n_stream > 1 else np.zeros(ub.n_tokens, dtype=np.int32)
@@ -472,7 +480,8 @@ class KVCacheContext(MemoryContext):
         ubatches before this one changed, so its slot is found again here; the count of free cells,
         which planning checked, is the same), re-rotate moved keys, place the tokens."""
         streams = np.unique(self.slots[self.index][0])
-        self._undo = ([(int(st), self.cache.cells[st].snapshot(), self.cache.heads[st]) for st in streams], [])
+        self._undo = ([(int(st), self.cache.cells[st].snapshot(), self.cache.heads[st]) for st in streams], [],
+                      self.cache.extra_snapshot())
         self.cache.make_room(self.ubatch)
         slot = self.cache.find_slot(self.ubatch)
         if slot is None:
@@ -505,7 +514,9 @@ class KVCacheContext(MemoryContext):
     def rollback(self) -> None:
         if self._undo is None:
             return
-        streams, rows = self._undo
+        streams, rows, extra = self._undo
+        if extra is not None:
+            self.cache.extra_restore(extra)
         for st, snap, head in streams:
             self.cache.cells[st].restore(snap)
             self.cache.heads[st] = head

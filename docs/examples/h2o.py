@@ -54,6 +54,12 @@ class H2OCache(KVCache):
         self.score[stream, :n] = self.scores(stream)[:n] + self.backend.to_numpy(mass)
         self.scored[stream, :n] = self.cells[stream].pos[:n]
 
+    def extra_snapshot(self):  # a ubatch that fails takes its attention back with it
+        return self.score.copy(), self.scored.copy()
+
+    def extra_restore(self, snapshot):
+        self.score[:], self.scored[:] = snapshot
+
     def scores(self, stream):
         """Each cell's attention so far (0 where it now holds another token than the one scored)."""
         return np.where(self.scored[stream] == self.cells[stream].pos, self.score[stream], 0)
