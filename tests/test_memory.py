@@ -145,16 +145,17 @@ def test_split_batch_groups_sequences_per_stream():
 
 
 class RecordingRope:
-    """A backend whose rope records the position deltas it is asked to rotate by."""
+    """A backend whose rope records, per call, the position deltas it is asked to rotate by (its
+    table is the deltas themselves)."""
 
     def __init__(self):
         self.deltas = []
 
     def rope_cache(self, delta, n_rot, base, freq_scale):
-        self.deltas.append(np.asarray(delta).copy())
-        return delta
+        return np.asarray(delta).copy()
 
     def rope(self, keys, table, neox):
+        self.deltas.append(table)
         return keys
 
 
