@@ -163,6 +163,11 @@ class KVCache(Memory):
             self.heads = saved_heads
         return slots
 
+    @property
+    def makes_room(self) -> bool:
+        """This cache's class overrides make_room (it evicts or moves cells before a ubatch)."""
+        return type(self).make_room is not KVCache.make_room
+
     def make_room(self, ub: UBatch) -> None:
         """Called before each ubatch is placed, when planning and again when applying it: where an
         evicting cache (a plugin's) frees cells or moves positions, with cell metadata only. A
@@ -482,13 +487,16 @@ class KVCacheContext(MemoryContext):
         streams = np.unique(self.slots[self.index][0])
         self._undo = ([(int(st), self.cache.cells[st].snapshot(), self.cache.heads[st]) for st in streams], [],
                       self.cache.extra_snapshot())
-        self.cache.make_room(self.ubatch)
-        slot = self.cache.find_slot(self.ubatch)
-        if slot is None:
-            raise RuntimeError(f"{self.cache.kind}: make_room left less room applying a ubatch than planning it")
-        self.slots[self.index] = slot
+        slot = self.slots[self.index]
+        if self.cache.makes_room:  # a built-in cache's planned slot stands: nothing changed since planning
+            self.cache.make_room(self.ubatch)
+            slot = self.cache.find_slot(self.ubatch)
+            if slot is None:
+                raise RuntimeError(f"{self.cache.kind}: make_room left less room applying a ubatch than planning it")
+            self.slots[self.index] = slot
         self._keep_rows(slot)
-        self._shift_keys()
+        if self.cache.makes_room:
+            self._shift_keys()
         self.cache.apply_ubatch(slot, self.ubatch)
         self._groups = []
 
