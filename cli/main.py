@@ -11,7 +11,7 @@ import typer
 from llmsuite.core import plugins
 from llmsuite.core.errors import LLMError, printable
 
-from . import bench, embed, generate, models, perplexity, testops, tokenize
+from . import batched_bench, bench, embed, generate, models, perplexity, testops, tokenize
 from .common import settings
 from .options import Plugin, fill_choices, with_plugin_option
 
@@ -34,6 +34,7 @@ def _options(verbose: Annotated[bool, typer.Option("-v", "--verbose", help="log 
 
 
 COMMANDS = {"generate": generate.generate, "chat": generate.chat, "embed": embed.embed, "bench": bench.bench,
+            "batched-bench": batched_bench.batched_bench,
             "perplexity": perplexity.perplexity, "test-ops": testops.test_ops, "tokenize": tokenize.tokenize,
             "pull": models.pull, "models": models.models, "info": models.info}
 for _name, _command in COMMANDS.items():

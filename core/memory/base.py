@@ -201,6 +201,12 @@ class Memory(ABC):
     @abstractmethod
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
 
+    @property
+    def copy_refusal(self) -> str:
+        """Why this memory cannot copy a whole sequence into another with seq_cp ("": it can), a
+        sentence; the tools that share a prompt (batched-bench -pps) ask before decoding."""
+        return ""
+
     @abstractmethod
     def seq_keep(self, seq: int) -> None: ...
 

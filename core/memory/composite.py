@@ -57,6 +57,10 @@ class CompositeMemory(Memory):
         for child in self.children:
             child.seq_cp(src, dst, p0, p1)
 
+    @property
+    def copy_refusal(self) -> str:
+        return next((r for child in self.children if (r := child.copy_refusal)), "")
+
     def seq_keep(self, seq: int) -> None:
         for child in self.children:
             child.seq_keep(seq)
