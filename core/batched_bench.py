@@ -155,7 +155,8 @@ def resolve_kv(model: Model, kv: str, kv_unified: bool) -> str:
     if kv != "auto" or kv_unified:
         return kv
     spec = model.memory_spec(model.attn_impls[0] if model.attn_impls else "naive")
-    return "split" if default_kind(spec) in ("unified", "hybrid") and not spec.window_layers else "auto"
+    plain = spec.model_kind == "decoder" and default_kind(spec) in ("unified", "hybrid") and not spec.window_layers
+    return "split" if plain else "auto"
 
 
 class Runner:
@@ -222,11 +223,13 @@ class Runner:
         return ctx.plan.memory != "split"
 
     def _warmup(self, ctx: Context) -> None:
-        """llama-batched-bench's warm-up (16 tokens of sequence 0), then one single-token step, so
-        both prompt and generation kernels are compiled before any timer runs."""
+        """llama-batched-bench's warm-up (16 tokens of sequence 0, fewer where its stream is
+        smaller), then one single-token step, so that prompt and generation kernels are ready
+        before any timer runs."""
         ctx.clear()
-        self._decode(ctx, Batch.from_tokens(self._tokens(ctx, WARMUP_TOKENS), pos0=0))
-        self._decode(ctx, Batch.from_tokens(self._tokens(ctx, 1), pos0=WARMUP_TOKENS))
+        n = max(1, min(WARMUP_TOKENS, ctx.seq_capacity() - 1))
+        self._decode(ctx, Batch.from_tokens(self._tokens(ctx, n), pos0=0))
+        self._decode(ctx, Batch.from_tokens(self._tokens(ctx, 1), pos0=n))
         ctx.clear()
 
     def _case(self, ctx: Context, setup: Setup, case: Case) -> Row:

@@ -10,6 +10,7 @@ from gguf import GGMLQuantizationType as T, quants
 from conftest import TINY_GEMMA3, real_model
 from llmsuite.core.backend import CPUBackend
 from llmsuite.core.backend.cpu import dequant, matvec_float, matvec_int
+from llmsuite.core.backend.cpu.backend import attention
 from llmsuite.core.backend.weights import QuantWeight
 from llmsuite.core.errors import LLMError
 from llmsuite.core.ops import WEIGHT_TYPES, ggml_type, random_weight
@@ -143,6 +144,27 @@ def test_few_row_attention_kernel_matches_the_blas_path(cache_type):
         assert not got[2].any()
 
 
+def test_attention_of_many_sequences_rows_reads_each_rows_own_cells(monkeypatch):
+    """Decode rows of several sequences (each keeping its own few cells of a wide mask) take the
+    in-place kernel, not BLAS over every cell, and agree with the BLAS path; rows keeping most of
+    the cells still take BLAS."""
+    rng = np.random.default_rng(4)
+    n_rows, n_kv, n_head, n_head_kv, d = 16, 16 * 96, 9, 3, 64
+    q = rng.standard_normal((n_rows, n_head, d)).astype(np.float32)
+    k, v = (rng.standard_normal((n_kv, n_head_kv, d)).astype(np.float16) for _ in range(2))
+    mask = np.full((n_rows, n_kv), -np.inf, np.float32)
+    for row in range(n_rows):  # row r sees its sequence's cells, a stream of 96 each, partly filled
+        mask[row, row * 96:row * 96 + 40 + row] = 0.0
+    backend, kernels, calls = CPUBackend(), attention(), []
+    monkeypatch.setattr(kernels, "attend_rows", lambda *a, _k=kernels.attend_rows: calls.append(a) or _k(*a))
+    got = backend.flash_attn_ext(q, k, v, mask, 0.125)
+    assert len(calls) == 1
+    backend.flash_attn_ext(q, k, v, np.zeros_like(mask), 0.125)
+    assert len(calls) == 1  # every cell kept: the BLAS tiles
+    slopes = np.ones(n_head, np.float32)
+    np.testing.assert_allclose(got, backend._attend_tiles(q, k, v, mask, 0.125, 0.0, None, slopes), atol=2e-6)
+
+
 def test_fast_exp_is_close_to_exp_and_zero_below_the_normal_range():
     from numba import njit
 
@@ -260,6 +282,24 @@ def test_integer_dots_equal_the_rounded_float_product(qtype, monkeypatch):
                 m.setattr(matvec_int, "AVAILABLE", False)
                 rounded = ggml.matmul(x, w)
             np.testing.assert_allclose(fast, rounded, rtol=0, atol=2e-6 * np.abs(rounded).max())
+
+
+@pytest.mark.skipif(not matvec_int.AVAILABLE, reason="the integer dots need AVX2 and F16C")
+@pytest.mark.parametrize("qtype", sorted(matvec_int.MATVEC), ids=lambda t: T(t).name)
+def test_integer_dots_of_several_rows_equal_each_row_alone_bit_for_bit(qtype):
+    """Activation rows taken four and two at a time (one weight block decoded for all of them)
+    give exactly what each row gives alone: the same integers summed in the same order."""
+    rng = np.random.default_rng(qtype + 1)
+    w = np.ascontiguousarray(random_weight(rng, T(qtype).name, 40, 512)).view(np.uint8)
+    for n_rows in (2, 3, 4, 5, 7):
+        x = rng.standard_normal((n_rows, 512)).astype(np.float32)
+        x[-1, :32] *= 50
+        together = np.empty((n_rows, 40), np.float32)
+        matvec_int.MATVEC[qtype](w, x, together)
+        for i in range(n_rows):
+            alone = np.empty((1, 40), np.float32)
+            matvec_int.MATVEC[qtype](w, x[i:i + 1], alone)
+            np.testing.assert_array_equal(together[i], alone[0])
 
 
 @pytest.mark.skipif(not matvec_int.WIDE, reason="the 64-value emitters need AVX-512 BW")

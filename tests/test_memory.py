@@ -140,8 +140,14 @@ def test_split_batch_groups_sequences_per_stream():
     ub = mctx.ubatch
     np.testing.assert_array_equal(ub.seq_id, [0, 0, 1, 1])
     mctx.apply()
-    groups = mctx.groups(0)
-    assert [list(g.rows) for g in groups] == [[0, 1], [2, 3]] and all(g.keys.shape[0] == 2 for g in groups)
+    stream_masks = mctx._stream_masks()
+    assert [list(rows) for _, rows, _, _ in stream_masks] == [[0, 1], [2, 3]]
+    # under a causal mask the streams are attended side by side in one call: stream 1 from cell 8
+    [group] = mctx.groups(0)
+    assert group.keys.shape[0] == 8 + 2 and group.rows == slice(None)
+    kept = [np.flatnonzero(np.isfinite(row)).tolist() for row in group.mask]
+    assert kept == [[0], [0, 1], [8], [8, 9]]
+    np.testing.assert_array_equal(group.cell_pos[[0, 1, 8, 9]], [0, 1, 0, 1])
 
 
 class RecordingRope:

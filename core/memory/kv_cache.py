@@ -478,6 +478,7 @@ class KVCacheContext(MemoryContext):
         super().__init__(status, ubatches)
         self.cache, self.slots = cache, slots or []
         self._groups: list = []
+        self._merged = None  # (cells, mask, cell positions) of the streams side by side
         self._undo = None
 
     def apply(self) -> None:
@@ -498,7 +499,7 @@ class KVCacheContext(MemoryContext):
         if self.cache.makes_room:
             self._shift_keys()
         self.cache.apply_ubatch(slot, self.ubatch)
-        self._groups = []
+        self._groups, self._merged = [], None
 
     def _keep_rows(self, slot) -> None:
         """For a rollback: the rows of the cells the ubatch takes that held tokens before this apply
@@ -530,7 +531,7 @@ class KVCacheContext(MemoryContext):
             self.cache.heads[st] = head
         for store, st, idxs, raw in rows:
             store.set_raw(st, idxs, raw)
-        self._undo, self._groups = None, []
+        self._undo, self._groups, self._merged = None, [], None
 
     def layer(self, il: int) -> BoundAttnView:
         return BoundAttnView(self, il)
@@ -549,8 +550,11 @@ class KVCacheContext(MemoryContext):
 
     def groups(self, il: int) -> list[AttnGroup]:
         """Per stream of the ubatch: its query rows, the cached K/V views, the causal mask and
-        what the layer's mask producer needs."""
+        what the layer's mask producer needs. Rows of several streams under a positional mask
+        (causal or window) make one group instead: the streams' cells side by side."""
         shape, producer, bounds = self.cache.layers[il], self.cache.producers[il], self.cache.bounds.get(il)
+        if self._mergeable(il):
+            return [self._merged_group(il)]
         out = []
         for st, rows, n_kv, mask in self._stream_masks():
             cells = self.cache.cells[st]
@@ -563,6 +567,38 @@ class KVCacheContext(MemoryContext):
             out.append(AttnGroup(rows, k, v, mask, self.ubatch.pos[rows], cells.pos[:n_kv], producer, extra, observe))
         return out
 
+    def _mergeable(self, il: int) -> bool:
+        """One attention call can serve the ubatch's streams together: their rows lie side by side
+        in the storage, and the layer's mask depends on positions only (no statistics kept, no
+        per-stream bounds or indexer keys)."""
+        return (self.cache.n_stream > 1 and type(self.cache.producers[il]) in (CausalMask, WindowMask)
+                and il not in self.cache.bounds and il not in self.cache.idx and not self.cache.observes_attention
+                and len(self._stream_masks()) > 1)
+
+    def _merged_group(self, il: int) -> AttnGroup:
+        """Streams 0..s_last of layer il as one run of cells (stream s's cell c at s·kv_size + c),
+        each row masked to its own stream's cells."""
+        n_flat, mask, cell_pos = self._merged_mask()
+        shape = self.cache.layers[il]
+        k = self.cache.k[il].read_flat(n_flat, shape.n_head_kv)
+        v = self.cache.v[il].read_flat(n_flat, shape.n_head_kv) if il in self.cache.v else k
+        return AttnGroup(slice(None), k, v, mask, self.ubatch.pos, cell_pos, self.cache.producers[il])
+
+    def _merged_mask(self):
+        """The ubatch's streams' masks side by side (built once per ubatch, as the streams' own)."""
+        if self._merged is None:
+            kv_size, xp = self.cache.kv_size, self.cache.xp
+            groups = self._stream_masks()
+            last, _, n_last, _ = groups[-1]
+            n_flat = last * kv_size + n_last
+            mask = xp.full((self.ubatch.n_tokens, n_flat), -np.inf, dtype=np.float32)
+            cell_pos = np.full(n_flat, -1, dtype=np.int32)
+            for st, rows, n_kv, stream_mask in groups:
+                mask[xp.asarray(rows)[:, None], xp.arange(st * kv_size, st * kv_size + n_kv)[None, :]] = stream_mask
+                cell_pos[st * kv_size:st * kv_size + n_kv] = self.cache.cells[st].pos[:n_kv]
+            self._merged = (n_flat, mask, cell_pos)
+        return self._merged
+
     def _stream_masks(self):
         """Masks depend only on the ubatch and the cells, so each is built once per ubatch."""
         if not self._groups:
@@ -574,7 +610,7 @@ class KVCacheContext(MemoryContext):
                 n_kv = cells.used_max_p1()
                 mask = self.cache.xp.asarray(causal_mask(cells, ub.pos[rows], ub.seq_id[rows], n_kv))
                 groups.append((int(st), rows, n_kv, mask))
-            self._groups = groups
+            self._groups, self._merged = groups, None
         return self._groups
 
 

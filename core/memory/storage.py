@@ -75,6 +75,14 @@ class KVStorage:
             return rows.reshape(n, n_head, -1)
         return BlockRows(rows, int(self.qtype), n_head, self.dim // n_head)
 
+    def read_flat(self, n: int, n_head: int):
+        """The first n cells of the streams taken in order as one run (stream s's cell c is cell
+        s·kv_size + c), as `read` gives them: a view, no copy."""
+        rows = self.data.reshape(-1, self.data.shape[2])[:n]
+        if self.qtype is None:
+            return rows.reshape(n, n_head, -1)
+        return BlockRows(rows, int(self.qtype), n_head, self.dim // n_head)
+
     def to_float(self, raw):
         if self.qtype is not None:
             return dequantize_rows(raw, self.qtype)

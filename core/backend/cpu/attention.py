@@ -242,19 +242,20 @@ def kept_cells(mask):
 
 
 @cached()
-def _chunk_plan(mask, n_tasks, H, Dv):
-    """The kept cells of each row, cut into about n_tasks chunks, and each chunk's running max,
-    sum and weighted values per query row and head."""
-    cells, count = kept_cells(mask)
-    n = cells.shape[1]
-    rounds = max(1, -(-n // (n_tasks * ATTN_CHUNK_MAX)))  # chunks per task: a whole number, so threads end together
-    chunk = max(ATTN_CHUNK_MIN, -(-n // (n_tasks * rounds)))
-    n_chunks = (cells.shape[1] + chunk - 1) // chunk
-    T = mask.shape[0]
+def _chunk_plan(count, n_tasks, H, Dv):
+    """How attend_rows cuts the rows' kept cells (count (T,) of them) into chunks: about n_tasks
+    jobs over all the rows, each of ATTN_CHUNK_MIN to ATTN_CHUNK_MAX cells; and each chunk's
+    running max, sum and weighted values per query row and head."""
+    T = count.shape[0]
+    longest = max(1, count.max())
+    per_row = max(1, -(-n_tasks // T))  # chunks of a row, so that all the rows make about n_tasks jobs
+    rounds = max(1, -(-longest // (per_row * ATTN_CHUNK_MAX)))  # a whole number per task: threads end together
+    chunk = max(ATTN_CHUNK_MIN, -(-longest // (per_row * rounds)))
+    n_chunks = (longest + chunk - 1) // chunk
     chunk_max = np.full((n_chunks, T, H), -np.inf, dtype=np.float32)
     chunk_sum = np.zeros((n_chunks, T, H), dtype=np.float32)
     chunk_acc = np.zeros((n_chunks, T, H, Dv), dtype=np.float32)
-    return cells, count, chunk, chunk_max, chunk_sum, chunk_acc
+    return chunk, chunk_max, chunk_sum, chunk_acc
 
 
 @njit(inline="always")
@@ -265,25 +266,23 @@ def _widen(rows, c, col, n, out):
 
 
 @cached(fastmath=FAST)
-def _attend_chunk(ci, chunk, q, k, v, mask, cells, count, scale, softcap, slopes, chunk_max, chunk_sum, chunk_acc):
-    """One chunk of every row: scores, the chunk's softmax numerators, weighted values. With head
+def _attend_chunk(t, ci, chunk, q, k, v, mask, cells, count, scale, softcap, slopes, chunk_max, chunk_sum, chunk_acc):
+    """Chunk ci of row t: scores, the chunk's softmax numerators, weighted values. With head
     sizes that are multiples of 16 the cache reads are vector-coded (scores_*, values_*: the query
     heads of a KV head together, output rows held in registers over the chunk); otherwise plain loops walk
     the cells in order, each K and V row widened once for its query heads."""
-    T, H, D = q.shape
+    H, D = q.shape[1], q.shape[2]
     Dv = chunk_acc.shape[3]
     Hkv = k.shape[1] // D
     G = H // Hkv
     vector = D % 16 == 0 and Dv % 16 == 0
-    s = np.empty((H, chunk), dtype=np.float32)
-    mk = np.empty(chunk, dtype=np.float32)
-    row = np.empty(max(D, Dv), dtype=np.float32)
-    m = np.empty(H, dtype=np.float32)
-    for t in range(T):
-        j0 = ci * chunk
-        j1 = min(count[t], j0 + chunk)
-        if j1 <= j0:
-            continue
+    j0 = ci * chunk
+    j1 = min(count[t], j0 + chunk)
+    if j1 > j0:
+        s = np.empty((H, chunk), dtype=np.float32)
+        mk = np.empty(chunk, dtype=np.float32)
+        row = np.empty(max(D, Dv), dtype=np.float32)
+        m = np.empty(H, dtype=np.float32)
         kept = cells[t]
         if vector:  # a KV head's query heads, up to MAX_GROUP at a time
             for h0 in range(0, H, G):
@@ -367,18 +366,20 @@ def _merge_chunks(chunk_max, chunk_sum, chunk_acc, sinks, use_sinks, out):
                 out[t, h, d] /= total
 
 
-def attend_rows(q, k, v, mask, scale, softcap, slopes, sinks, use_sinks, n_tasks, out):
+def attend_rows(q, k, v, mask, cells, count, scale, softcap, slopes, sinks, use_sinks, n_tasks, out):
     """out (T, H, Dv) = softmax(softcap(q·kᵀ·scale) + slope·mask)·v for q (T, H, D) f32 and cache
     rows k (N, Hkv·D), v (N, Hkv·Dv) as float32 or f16 bits (uint16); mask (T, N); slopes (H,);
     sinks (H,) join each head's softmax when use_sinks. A fully masked row gives zeros.
 
-    Only the cells a row keeps are visited: the finite columns are listed first and the list is
-    cut into chunks of `chunk` cells, so a sparse mask costs what it keeps and every task gets
-    the same work however the kept cells lie: about `n_tasks` chunks, each of ATTN_CHUNK_MIN to
-    ATTN_CHUNK_MAX cells."""
-    cells, count, chunk, chunk_max, chunk_sum, chunk_acc = _chunk_plan(mask, n_tasks, q.shape[1], out.shape[2])
-    for ci in prange(chunk_max.shape[0]):
-        _attend_chunk(ci, chunk, q, k, v, mask, cells, count, scale, softcap, slopes, chunk_max, chunk_sum, chunk_acc)
+    Only the cells a row keeps are visited: `cells, count` list each row's finite mask columns
+    (kept_cells), and every row's list is cut into chunks, so a sparse mask, or rows of several
+    sequences side by side, cost what they keep; a job is one chunk of one row, about n_tasks
+    jobs in all, so the threads share the work however the kept cells lie."""
+    chunk, chunk_max, chunk_sum, chunk_acc = _chunk_plan(count, n_tasks, q.shape[1], out.shape[2])
+    n_chunks, T = chunk_max.shape[0], chunk_max.shape[1]
+    for job in prange(n_chunks * T):
+        _attend_chunk(job % T, job // T, chunk, q, k, v, mask, cells, count, scale, softcap, slopes, chunk_max,
+                      chunk_sum, chunk_acc)
     _merge_chunks(chunk_max, chunk_sum, chunk_acc, sinks, use_sinks, out)
 
 

@@ -29,6 +29,11 @@ SKIP_GAP = 128
 # Query rows up to which attention over an f32/f16 cache runs attention.attend_rows (which reads
 # the cache in place) instead of BLAS over converted blocks; measured faster up to here.
 FEW_ATTN_ROWS = 2
+# Up to this many query rows attend_rows also runs where the rows keep few of the cells between
+# them (at most KEPT_DENSITY of the mask): decode steps of several sequences, each row seeing its
+# own sequence's cells of a unified cache, or its own stream's where streams sit side by side.
+DECODE_ATTN_ROWS = 64
+KEPT_DENSITY = 0.5
 # Query rows per tile on the sparse path: the tile attends the union of its rows' kept keys, and
 # nearby rows choose much the same blocks, so smaller tiles gather fewer keys but call BLAS more.
 SPARSE_TILE = 64
@@ -49,7 +54,7 @@ GATED_KERNELS = {"swiglu": "swiglu_rows", "geglu": "geglu_rows"}
 # Rows up to which the row kernels (activations, RoPE) run serially: waking numba's threads costs
 # more than a few rows' work.
 SERIAL_ROWS = 4
-# Cache cells up to which attend_rows runs serially (one chunk; measured: 40 cells 6 µs serial
+# Kept cells (all rows together) up to which attend_rows runs serially (one chunk; measured: 40 cells 6 µs serial
 # against 13 µs parallel, even at 200).
 SERIAL_ATTN_CELLS = 128
 # Query rows up to which the block top-k mask runs on one thread (a decoded token: waking the
@@ -272,7 +277,7 @@ class CPUBackend(Backend):
             return self._matmul_ggml_float(x, w, out)
         gemm = gemm_int8()
         for qtype, raws, first, end in w.runs():
-            if gemm.fits(qtype, w.n_in):
+            if gemm.fits(qtype, w.n_in, len(x)):
                 gemm.GEMM[qtype](raws[0] if len(raws) == 1 else raws, x, out, first, gemm_tasks())
             else:
                 parts = tuple(part for part, col in w.spans() if first <= col < end)
@@ -565,23 +570,30 @@ class CPUBackend(Backend):
         sparse = n_kv_max > 0 and path != "dense" and (path == "sparse" or n_kv >= max(SPARSE_MIN_KV, 2 * n_kv_max))
         args = (q, k, v, mask, scale, softcap, sinks, slopes)
         self.last_attn_path = "sparse" if sparse else "dense"
-        if len(q) <= FEW_ATTN_ROWS and in_place_rows(k) and in_place_rows(v):
-            return self._attend_rows(*args)  # reads only the cells the mask keeps, in place: sparse as it is
+        if len(q) <= DECODE_ATTN_ROWS and in_place_rows(k) and in_place_rows(v):
+            mask = np.ascontiguousarray(mask, dtype=np.float32)
+            kept = attention().kept_cells(mask)
+            if len(q) <= FEW_ATTN_ROWS or kept[1].sum() <= KEPT_DENSITY * mask.size:
+                return self._attend_rows(*args[:3], mask, *args[4:], kept=kept)  # in place, the kept cells only
         if sparse:
             return self._attend_tiles(*args, tile=SPARSE_TILE, gather=True)
         return self._attend_tiles(*args)
 
     @staticmethod
-    def _attend_rows(q, k, v, mask, scale, softcap, sinks, slopes) -> np.ndarray:
-        """A few query rows: one numba kernel reads the f32/f16 cache in place."""
+    def _attend_rows(q, k, v, mask, scale, softcap, sinks, slopes, kept=None) -> np.ndarray:
+        """A few query rows, or rows that each keep few cells (several sequences' decode steps):
+        one numba kernel reads the f32/f16 cache in place, only the cells each row keeps (`kept`:
+        attention.kept_cells of the mask, listed here when not given)."""
         kernels = attention()
-        kernel = kernels.attend_rows_serial if mask.shape[1] <= SERIAL_ATTN_CELLS else kernels.attend_rows
+        mask = np.ascontiguousarray(mask, dtype=np.float32)
+        cells, count = kept if kept is not None else kernels.kept_cells(mask)
+        serial = int(count.sum()) <= SERIAL_ATTN_CELLS  # one short job: waking the threads costs more
+        kernel = kernels.attend_rows_serial if serial else kernels.attend_rows
         out = np.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=np.float32)
         use_sinks = sinks is not None
         sinks = np.asarray(sinks, dtype=np.float32) if use_sinks else slopes  # slopes: any (H,) array
-        kernel(np.ascontiguousarray(q, dtype=np.float32), cache_bits(k), cache_bits(v),
-               np.ascontiguousarray(mask, dtype=np.float32), np.float32(scale), np.float32(softcap),
-               slopes, sinks, use_sinks, attention_tasks(), out)
+        kernel(np.ascontiguousarray(q, dtype=np.float32), cache_bits(k), cache_bits(v), mask, cells, count,
+               np.float32(scale), np.float32(softcap), slopes, sinks, use_sinks, attention_tasks(), out)
         return out
 
     def _attend_tiles(self, q, k, v, mask, scale, softcap, sinks, slopes, tile: int = ATTN_BLOCK,

@@ -358,6 +358,10 @@ TILE_BYTES = 1024 * 1024  # a tile's codes: kept in L2 while every activation ro
 # activations is faster (scripts/gemm8_speed.py, 512 rows: Gemma 3's 640-wide Q5_0, padded to 1024,
 # 1.15-1.44x the float path's speed; SmolLM2's 576-wide Q4_1, padded to 1024, 0.71x).
 MAX_PADDING = 1.6
+# Up to FEW_ROWS activation rows padding up to FEW_ROWS_PADDING pays: the float path would
+# dequantize the whole weight for a few rows (SmolLM2's 576-wide Q4_1, padded to 1024, at 16 rows,
+# decode steps of 16 sequences: the GEMM 0.2-0.6 ms a matrix, dequantize + BLAS 0.5-2.3 ms).
+FEW_ROWS, FEW_ROWS_PADDING = 64, 2.0
 
 
 @njit(inline="always")
@@ -426,10 +430,12 @@ def _kernels() -> dict:
             **per_type(_gemm_q8_k, "gemm", k_quants, parallel=True, cache=CACHE)}
 
 
-def fits(qtype: int, n_in: int) -> bool:
-    """Whether GEMM[qtype] takes rows n_in wide without padding them more than MAX_PADDING."""
+def fits(qtype: int, n_in: int, n_rows: int) -> bool:
+    """Whether GEMM[qtype] takes n_rows activation rows n_in wide: padded to whole groups no more
+    than MAX_PADDING (FEW_ROWS_PADDING for a few rows)."""
     group = (16 if qtype == 14 else 32) * LANES  # Q6_K's units are 16 values
-    return qtype in GEMM and -(-n_in // group) * group <= MAX_PADDING * n_in
+    padding = FEW_ROWS_PADDING if n_rows <= FEW_ROWS else MAX_PADDING
+    return qtype in GEMM and -(-n_in // group) * group <= padding * n_in
 
 
 # ggml type ids

@@ -22,7 +22,7 @@ summation order.
 from __future__ import annotations
 
 from llvmlite import ir
-from numba import types
+from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -30,7 +30,7 @@ from .blocks import BlockReader, block_size, each_block, k_codes, k_scale_min_wo
 from .cache import per_type
 from .ir import (F32, FEATURES, I8, I16, I32, I64, V8F32, V8I32, V16I8, V16I16, V32I8, arrays, call, constant_lanes,
                  contiguous, fma, pointer, prefetch, splat)
-from .matvec import matvec_rows
+from .matvec import ROWS_PER_TASK, as_parts, count_tasks, task_rows
 from .q8 import q8_blocks, q8_k_blocks
 
 AVAILABLE = bool(FEATURES.get("avx2", False) and FEATURES.get("f16c", False))
@@ -119,34 +119,56 @@ def _hsum8(builder: ir.IRBuilder, v):
     return builder.extract_element(lane, ir.Constant(I32, 0))
 
 
-def row_dot_q8(name: str, emit_block):
+def row_dot_q8(name: str, emit_block, n_rows: int = 1):
     """A numba intrinsic `dot(row, q, d8, sums) -> float32`: one weight row of GGUF type `name`
     against one row of q8 codes with their block scales and sums: q8_0/q8_1 blocks of 32 with f32
     block sums, or (K-quants) q8_K blocks of 256 with int32 sums of 16. `emit_block(block)` emits
-    one weight block (IBlock, or KBlock for a K-quant)."""
+    one weight block (IBlock, or KBlock for a K-quant).
+
+    With n_rows > 1 the dot takes n_rows activation rows, `dot(row, q0, d0, s0, q1, d1, s1, …)`,
+    and returns their n_rows floats: each block is emitted once per activation row in one loop
+    body, so LLVM decodes the weight block once for all of them (the same loads and shuffles) and
+    only the products and sums repeat. Every row's arithmetic is the one-row dot's, in its order."""
     block_values, block_bytes = block_size(name)
     block, extra = (KBlock, types.int32) if block_values == 256 else (IBlock, types.float32)
 
-    @intrinsic
-    def dot(typingctx, row, q, d8, sums):
-        if not (contiguous(row, types.uint8) and contiguous(q, types.int8)
-                and contiguous(d8, types.float32) and contiguous(sums, extra)):
+    def codegen(context, builder, signature, args):
+        row_a, *acts = arrays(context, builder, signature.args, args)
+        n_blocks = builder.extract_value(acts[1].shape, 0)
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(V8F32, None)) for _ in range(n_rows)]
+        summs = [cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in range(n_rows)]
+        with each_block(builder, n_blocks, block_bytes, block_values) as (index, at, xo):
+            for line in range(0, block_bytes, CACHE_LINE):  # every line of a K-quant's 144-210 bytes
+                ahead = ir.Constant(I64, PREFETCH_BYTES + line)
+                prefetch(builder, builder.gep(row_a.data, [builder.add(at, ahead)]), PREFETCH_LOCALITY)
+            for k in range(n_rows):
+                q_a, d_a, s_a = acts[3 * k:3 * k + 3]
+                emit_block(block(builder, row_a.data, q_a.data, d_a.data, s_a.data, at, xo, index, accs[k], summs[k]))
+        totals = [builder.fadd(_hsum8(builder, builder.load(a)), builder.load(m)) for a, m in zip(accs, summs)]
+        if n_rows == 1:
+            return totals[0]
+        return context.make_tuple(builder, signature.return_type, totals)
+
+    def typed(row, *acts):
+        if not (contiguous(row, types.uint8) and len(acts) == 3 * n_rows and all(
+                contiguous(q, types.int8) and contiguous(d8, types.float32) and contiguous(sums, extra)
+                for q, d8, sums in zip(acts[0::3], acts[1::3], acts[2::3]))):
             return None
+        result = types.float32 if n_rows == 1 else types.UniTuple(types.float32, n_rows)
+        return result(row, *acts), codegen
 
-        def codegen(context, builder, signature, args):
-            row_a, q_a, d_a, s_a = arrays(context, builder, signature.args, args)
-            n_blocks = builder.extract_value(d_a.shape, 0)
-            acc = cgutils.alloca_once_value(builder, ir.Constant(V8F32, None))
-            summs = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
-            with each_block(builder, n_blocks, block_bytes, block_values) as (index, at, xo):
-                for line in range(0, block_bytes, CACHE_LINE):  # every line of a K-quant's 144-210 bytes
-                    ahead = ir.Constant(I64, PREFETCH_BYTES + line)
-                    prefetch(builder, builder.gep(row_a.data, [builder.add(at, ahead)]), PREFETCH_LOCALITY)
-                emit_block(block(builder, row_a.data, q_a.data, d_a.data, s_a.data, at, xo, index, acc, summs))
-            return builder.fadd(_hsum8(builder, builder.load(acc)), builder.load(summs))
-
-        return types.float32(row, q, d8, sums), codegen
-
+    if n_rows == 1:
+        @intrinsic
+        def dot(typingctx, row, q, d8, sums):
+            return typed(row, q, d8, sums)
+    elif n_rows == 2:
+        @intrinsic
+        def dot(typingctx, row, q0, d0, s0, q1, d1, s1):
+            return typed(row, q0, d0, s0, q1, d1, s1)
+    else:
+        @intrinsic
+        def dot(typingctx, row, q0, d0, s0, q1, d1, s1, q2, d2, s2, q3, d3, s3):
+            return typed(row, q0, d0, s0, q1, d1, s1, q2, d2, s2, q3, d3, s3)
     return dot
 
 
@@ -349,19 +371,37 @@ EMIT = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q8_0": _q8_
 # one thread, on an AVX-512 Xeon: the 512-bit shifts and byte permutes cost more than they save)
 EMIT_WIDE = {"Q6_K": _q6_k_wide}
 
-ROUND = DOT = None  # each kernel's own, in its copy of _matvec (cache.per_type)
+ROUND = DOT = DOT2 = DOT4 = None  # each kernel's own, in its copy of _matvec (cache.per_type)
 
 
 def _matvec(w, x, out):
     """matvec_float's contract with the activations rounded to q8 blocks first (on one thread: a
-    few microseconds): q8_1 blocks of 32, or q8_K blocks for the K-quants."""
-    matvec_rows(w, ROUND(x), out, DOT)
+    few microseconds): q8_1 blocks of 32, or q8_K blocks for the K-quants. Activation rows go four
+    at a time through DOT4 (each weight block decoded once for the four), then two through DOT2,
+    a last one through DOT."""
+    q, d8, s = ROUND(x)
+    parts = as_parts(w)
+    n = out.shape[0]
+    fours, pair = n - n % 4, n % 4 >= 2
+    for task in prange(count_tasks(parts, ROWS_PER_TASK)):
+        part, col, r0, r1 = task_rows(parts, task, ROWS_PER_TASK)
+        for r in range(r0, r1):
+            for i in range(0, fours, 4):
+                a, b, c, e = DOT4(part[r], q[i], d8[i], s[i], q[i + 1], d8[i + 1], s[i + 1],
+                                  q[i + 2], d8[i + 2], s[i + 2], q[i + 3], d8[i + 3], s[i + 3])
+                out[i, col + r], out[i + 1, col + r], out[i + 2, col + r], out[i + 3, col + r] = a, b, c, e
+            if pair:
+                a, b = DOT2(part[r], q[fours], d8[fours], s[fours], q[fours + 1], d8[fours + 1], s[fours + 1])
+                out[fours, col + r], out[fours + 1, col + r] = a, b
+            if n % 2:
+                out[n - 1, col + r] = DOT(part[r], q[n - 1], d8[n - 1], s[n - 1])
 
 
 def _kernels(prefix: str, emitters: dict) -> dict:
     return per_type(_matvec, prefix, {name: {"ROUND": q8_k_blocks if name.endswith("_K") else q8_blocks,
-                                             "DOT": row_dot_q8(name, emit)} for name, emit in emitters.items()},
-                    parallel=True)
+                                             "DOT": row_dot_q8(name, emit), "DOT2": row_dot_q8(name, emit, 2),
+                                             "DOT4": row_dot_q8(name, emit, 4)}
+                                      for name, emit in emitters.items()}, parallel=True)
 
 
 # MATVEC_AVX2: the 32-value emitters only, where MATVEC takes a wide one (a test holds them equal)
