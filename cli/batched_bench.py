@@ -84,8 +84,7 @@ def batched_bench(
                 kv=_strs(kv, kv_choices(), "--kv"), attn=_strs(attn, ATTN_PATHS, "--attn"),
                 sparse_topk=_ints(sparse_topk, "--sparse-topk"), type_k=_strs(cache_type_k, CACHE_TYPES, "-ctk"),
                 type_v=_strs(cache_type_v, CACHE_TYPES, "-ctv"))
-    if kv_unified and "split" in axes["kv"]:
-        raise InvalidInputError("-kvu asks for one unified KV buffer; it contradicts --kv split")
+    core.check_kv(kv_unified, axes["kv"])
     sparse = SparseParams(0, sparse_block, sparse_local, sparse_layers)
     options = core.Options(ctx_size, batch_size, ubatch_size, threads, threads_batch, shared_prompt, separate_tg,
                            kv_unified, sparse, attn_mask, kv_budget, not no_warmup)

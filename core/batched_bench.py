@@ -112,6 +112,11 @@ def check_lists(n_pp: list[int], n_tg: list[int], n_pl: list[int], max_seq: int)
         raise InvalidInputError(f"-npl {max(n_pl)}: the memory holds at most {max_seq} sequences (-np limits)")
 
 
+def check_kv(kv_unified: bool, kinds: list[str]) -> None:
+    if kv_unified and "split" in kinds:
+        raise InvalidInputError("-kvu asks for one unified KV buffer; it contradicts --kv split")
+
+
 @dataclass
 class Row:
     """A case's measurement on a setup, with llama-batched-bench's figures."""
@@ -174,8 +179,7 @@ class Runner:
     def context(self, setup: Setup) -> Context:
         """The setup's context, refused (InvalidInputError) where it cannot run what was asked."""
         model, o = self.load(setup), self.options
-        if o.kv_unified and setup.kv == "split":
-            raise InvalidInputError("-kvu asks for one unified buffer; it contradicts --kv split")
+        check_kv(o.kv_unified, [setup.kv])
         kv = resolve_kv(model, setup.kv, o.kv_unified)
         kind = MEMORY_KINDS.get(kv)
         params = ContextParams(n_ctx=o.n_ctx, n_batch=o.n_batch, n_ubatch=min(o.n_ubatch, o.n_batch),

@@ -570,10 +570,11 @@ class KVCacheContext(MemoryContext):
     def _mergeable(self, il: int) -> bool:
         """One attention call can serve the ubatch's streams together: their rows lie side by side
         in the storage, and the layer's mask depends on positions only (no statistics kept, no
-        per-stream bounds or indexer keys)."""
+        per-stream bounds or indexer keys). Block-quantized rows (q8_0, q4_0) stay per stream:
+        attention converts what a call spans, and one call would span every stream."""
         return (self.cache.n_stream > 1 and type(self.cache.producers[il]) in (CausalMask, WindowMask)
                 and il not in self.cache.bounds and il not in self.cache.idx and not self.cache.observes_attention
-                and len(self._stream_masks()) > 1)
+                and self.cache.k[il].qtype is None and len(self._stream_masks()) > 1)
 
     def _merged_group(self, il: int) -> AttnGroup:
         """Streams 0..s_last of layer il as one run of cells (stream s's cell c at s·kv_size + c),
