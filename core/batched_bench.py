@@ -20,9 +20,9 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .backend import default_cache_type, default_numerics
+from .backend import default_cache_type
 from .batch import Batch
-from .bench import blas_threads
+from .bench import blas_threads, fill_backend_defaults
 from .context import Context, ContextParams, check_status
 from .errors import InvalidInputError
 from .memory.factory import MEMORY_KINDS, default_kind
@@ -65,11 +65,7 @@ class Setup:
     type_v: str = ""
 
     def __post_init__(self):
-        if not self.numerics:
-            object.__setattr__(self, "numerics", default_numerics(self.backend))
-        for name in ("type_k", "type_v"):
-            if not getattr(self, name):
-                object.__setattr__(self, name, default_cache_type(self.backend))
+        fill_backend_defaults(self)
 
 
 @dataclass(frozen=True)

@@ -109,11 +109,7 @@ class Instance:
     kv_budget: int = 0  # cells an evicting memory kind keeps (--kv-budget)
 
     def __post_init__(self):
-        if not self.numerics:
-            object.__setattr__(self, "numerics", default_numerics(self.backend))
-        for name in ("type_k", "type_v"):
-            if not getattr(self, name):
-                object.__setattr__(self, name, default_cache_type(self.backend))
+        fill_backend_defaults(self)
         kind = MEMORY_KINDS.get(self.kv)
         if kind is None or not kind.budgeted:  # --kv-budget bounds the kinds that evict, in a sweep with others
             object.__setattr__(self, "kv_budget", 0)
@@ -132,6 +128,15 @@ class Instance:
     def threads(self) -> int:
         """The thread count this instance runs with (-t, or every core)."""
         return self.n_threads or blas_threads()
+
+
+def fill_backend_defaults(run) -> None:
+    """A frozen sweep point's numerics and cache types left "" become its backend's defaults."""
+    if not run.numerics:
+        object.__setattr__(run, "numerics", default_numerics(run.backend))
+    for name in ("type_k", "type_v"):
+        if not getattr(run, name):
+            object.__setattr__(run, name, default_cache_type(run.backend))
 
 
 def instances(models: list[str], tests: list[Test], axes: dict[str, list], **fixed) -> list[Instance]:
