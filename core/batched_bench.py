@@ -186,6 +186,8 @@ class Runner:
                                attn_mask=o.attn_mask, kv_budget=o.kv_budget if kind and kind.budgeted else 0,
                                n_threads=o.n_threads, n_threads_batch=o.n_threads_batch)
         ctx = Context(model, params)
+        # the kernels compiled (once per machine) or loaded now, not inside a timed case
+        ctx.backend.prepare(model.weight_types, state_space=model.is_recurrent, cache_types=(setup.type_k, setup.type_v))
         if not ctx.generates or ctx.needs_encoded_input:
             raise InvalidInputError(f"batched-bench times a decoder's prompts and generation; {model.arch} is "
                                     f"{'an encoder' if not ctx.generates else 'an encoder-decoder'}")
@@ -224,12 +226,19 @@ class Runner:
 
     def _warmup(self, ctx: Context) -> None:
         """llama-batched-bench's warm-up (16 tokens of sequence 0, fewer where its stream is
-        smaller), then one single-token step, so that prompt and generation kernels are ready
-        before any timer runs."""
+        smaller), then what the cases run with all the sequences: two-token prompts and one step
+        of a row each. The kernels compile on first use, once per machine (numba), so that a first
+        run's figures are not its compile times."""
         ctx.clear()
         n = max(1, min(WARMUP_TOKENS, ctx.seq_capacity() - 1))
         self._decode(ctx, Batch.from_tokens(self._tokens(ctx, n), pos0=0))
         self._decode(ctx, Batch.from_tokens(self._tokens(ctx, 1), pos0=n))
+        ctx.clear()
+        if self.refusal(ctx, Case(2, 1, self.n_seq)):
+            return
+        self._decode(ctx, self._prompt_batch(ctx, 2, self.n_seq))
+        for batch in self._steps(ctx, Case(2, 1, self.n_seq)):
+            self._decode(ctx, batch)
         ctx.clear()
 
     def _case(self, ctx: Context, setup: Setup, case: Case) -> Row:

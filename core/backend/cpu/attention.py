@@ -238,7 +238,7 @@ def kept_cells(mask):
             if mask[t, c] != -np.inf:
                 cells[t, count[t]] = c
                 count[t] += 1
-    return cells[:, :max(1, count.max())], count
+    return cells[:, :max(1, count.max())].copy(), count  # contiguous: one compiled attend_rows for any rows
 
 
 @cached()

@@ -206,6 +206,7 @@ class CPUBackend(Backend):
                 dequant().DEQUANT[qtype](w, np.zeros(1, np.int64), np.empty((1, 256), np.float32))
                 if numerics == "ggml":
                     self._note_float_path(qtype)
+                    self._ggml_rounded(x, qtype, {})  # a prompt's activations, for the float path
                 if numerics == "ggml" and self._integer_dots(QuantWeight.from_raw(w, qtype, (1, 256))):
                     for parts in (w, (w, w), (w, w, w)):
                         matvec_int().MATVEC[qtype](parts, x, np.empty((1, 3), np.float32))
