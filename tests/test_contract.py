@@ -78,7 +78,7 @@ def test_sequence_capacity_comes_from_the_memory():
 
 
 def test_a_context_has_one_backend_with_its_numerics():
-    model = tiny_gemma3()
+    model = load_model(TINY_GEMMA3)  # its own copy: a float_reference test may have loaded the shared one under f32
     ctx = Context(model, ContextParams(n_ctx=64, numerics="f32", attn="dense"))
     assert (ctx.backend.numerics, ctx.backend.attn_path) == ("f32", "dense")
     assert (model.backend.numerics, model.backend.attn_path) == ("ggml", "auto")  # the model's is untouched
