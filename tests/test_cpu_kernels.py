@@ -288,16 +288,18 @@ def test_integer_dots_equal_the_rounded_float_product(qtype, monkeypatch):
 @pytest.mark.parametrize("qtype", sorted(matvec_int.MATVEC), ids=lambda t: T(t).name)
 def test_integer_dots_of_several_rows_equal_each_row_alone_bit_for_bit(qtype):
     """Activation rows taken four and two at a time (one weight block decoded for all of them)
-    give exactly what each row gives alone: the same integers summed in the same order."""
+    give exactly what each row gives alone: the same integers summed in the same order. A row
+    alone takes a 32-value type's weight rows four at a time (43 rows: tasks of 32 and 11, so the
+    rows left after the fours as well), and gives what a stacked pair of activations gives it."""
     rng = np.random.default_rng(qtype + 1)
-    w = np.ascontiguousarray(random_weight(rng, T(qtype).name, 40, 512)).view(np.uint8)
+    w = np.ascontiguousarray(random_weight(rng, T(qtype).name, 43, 512)).view(np.uint8)
     for n_rows in (2, 3, 4, 5, 7):
         x = rng.standard_normal((n_rows, 512)).astype(np.float32)
         x[-1, :32] *= 50
-        together = np.empty((n_rows, 40), np.float32)
+        together = np.empty((n_rows, 43), np.float32)
         matvec_int.MATVEC[qtype](w, x, together)
         for i in range(n_rows):
-            alone = np.empty((1, 40), np.float32)
+            alone = np.empty((1, 43), np.float32)
             matvec_int.MATVEC[qtype](w, x[i:i + 1], alone)
             np.testing.assert_array_equal(together[i], alone[0])
 

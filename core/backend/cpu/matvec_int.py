@@ -119,7 +119,7 @@ def _hsum8(builder: ir.IRBuilder, v):
     return builder.extract_element(lane, ir.Constant(I32, 0))
 
 
-def row_dot_q8(name: str, emit_block, n_rows: int = 1):
+def row_dot_q8(name: str, emit_block, n_rows: int = 1, n_weights: int = 1):
     """A numba intrinsic `dot(row, q, d8, sums) -> float32`: one weight row of GGUF type `name`
     against one row of q8 codes with their block scales and sums: q8_0/q8_1 blocks of 32 with f32
     block sums, or (K-quants) q8_K blocks of 256 with int32 sums of 16. `emit_block(block)` emits
@@ -128,36 +128,52 @@ def row_dot_q8(name: str, emit_block, n_rows: int = 1):
     With n_rows > 1 the dot takes n_rows activation rows, `dot(row, q0, d0, s0, q1, d1, s1, …)`,
     and returns their n_rows floats: each block is emitted once per activation row in one loop
     body, so LLVM decodes the weight block once for all of them (the same loads and shuffles) and
-    only the products and sums repeat. Every row's arithmetic is the one-row dot's, in its order."""
+    only the products and sums repeat. Every row's arithmetic is the one-row dot's, in its order.
+
+    With n_weights = 4 (and one activation row) the dot takes four weight rows, `dot(row0, row1,
+    row2, row3, q, d8, sums)`, and returns their four floats: a 32-value block's dot ends in one fma
+    into the row's accumulator, so a row waits on that fma's latency block after block; four rows'
+    chains interleaved keep the core busy, each row's sum still in its own order."""
     block_values, block_bytes = block_size(name)
     block, extra = (KBlock, types.int32) if block_values == 256 else (IBlock, types.float32)
+    n_sums = n_rows * n_weights
 
     def codegen(context, builder, signature, args):
-        row_a, *acts = arrays(context, builder, signature.args, args)
+        arrays_in = arrays(context, builder, signature.args, args)
+        rows, acts = arrays_in[:n_weights], arrays_in[n_weights:]
         n_blocks = builder.extract_value(acts[1].shape, 0)
-        accs = [cgutils.alloca_once_value(builder, ir.Constant(V8F32, None)) for _ in range(n_rows)]
-        summs = [cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in range(n_rows)]
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(V8F32, None)) for _ in range(n_sums)]
+        summs = [cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in range(n_sums)]
         with each_block(builder, n_blocks, block_bytes, block_values) as (index, at, xo):
-            for line in range(0, block_bytes, CACHE_LINE):  # every line of a K-quant's 144-210 bytes
-                ahead = ir.Constant(I64, PREFETCH_BYTES + line)
-                prefetch(builder, builder.gep(row_a.data, [builder.add(at, ahead)]), PREFETCH_LOCALITY)
-            for k in range(n_rows):
-                q_a, d_a, s_a = acts[3 * k:3 * k + 3]
-                emit_block(block(builder, row_a.data, q_a.data, d_a.data, s_a.data, at, xo, index, accs[k], summs[k]))
+            for row_a in rows:
+                for line in range(0, block_bytes, CACHE_LINE):  # every line of a K-quant's 144-210 bytes
+                    ahead = ir.Constant(I64, PREFETCH_BYTES + line)
+                    prefetch(builder, builder.gep(row_a.data, [builder.add(at, ahead)]), PREFETCH_LOCALITY)
+            for w, row_a in enumerate(rows):
+                for k in range(n_rows):
+                    q_a, d_a, s_a = acts[3 * k:3 * k + 3]
+                    i = w * n_rows + k
+                    emit_block(block(builder, row_a.data, q_a.data, d_a.data, s_a.data, at, xo, index, accs[i],
+                                     summs[i]))
         totals = [builder.fadd(_hsum8(builder, builder.load(a)), builder.load(m)) for a, m in zip(accs, summs)]
-        if n_rows == 1:
+        if n_sums == 1:
             return totals[0]
         return context.make_tuple(builder, signature.return_type, totals)
 
-    def typed(row, *acts):
-        if not (contiguous(row, types.uint8) and len(acts) == 3 * n_rows and all(
+    def typed(*args):
+        rows, acts = args[:n_weights], args[n_weights:]
+        if not (all(contiguous(row, types.uint8) for row in rows) and len(acts) == 3 * n_rows and all(
                 contiguous(q, types.int8) and contiguous(d8, types.float32) and contiguous(sums, extra)
                 for q, d8, sums in zip(acts[0::3], acts[1::3], acts[2::3]))):
             return None
-        result = types.float32 if n_rows == 1 else types.UniTuple(types.float32, n_rows)
-        return result(row, *acts), codegen
+        result = types.float32 if n_sums == 1 else types.UniTuple(types.float32, n_sums)
+        return result(*args), codegen
 
-    if n_rows == 1:
+    if n_weights == 4:
+        @intrinsic
+        def dot(typingctx, row0, row1, row2, row3, q, d8, sums):
+            return typed(row0, row1, row2, row3, q, d8, sums)
+    elif n_rows == 1:
         @intrinsic
         def dot(typingctx, row, q, d8, sums):
             return typed(row, q, d8, sums)
@@ -371,20 +387,34 @@ EMIT = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q8_0": _q8_
 # one thread, on an AVX-512 Xeon: the 512-bit shifts and byte permutes cost more than they save)
 EMIT_WIDE = {"Q6_K": _q6_k_wide}
 
-ROUND = DOT = DOT2 = DOT4 = None  # each kernel's own, in its copy of _matvec (cache.per_type)
+# Whether a single activation row takes the weight rows four at a time (DOT_W4): for the 32-value
+# types, whose dots wait on one fma chain per row (SmolLM2's Q4_1 rows of 576 values: gate|up and
+# q|k|v about 20 % faster); not for the K-quants, whose longer blocks keep the core busy anyway
+# (the 1B model's Q4_K/Q6_K mat-vecs: no faster, some slower).
+FOUR_WEIGHT_ROWS = False
+ROUND = DOT = DOT2 = DOT4 = DOT_W4 = None  # each kernel's own, in its copy of _matvec (cache.per_type)
 
 
 def _matvec(w, x, out):
     """matvec_float's contract with the activations rounded to q8 blocks first (on one thread: a
     few microseconds): q8_1 blocks of 32, or q8_K blocks for the K-quants. Activation rows go four
     at a time through DOT4 (each weight block decoded once for the four), then two through DOT2,
-    a last one through DOT."""
+    a last one through DOT; a single activation row takes the weight rows four at a time where
+    FOUR_WEIGHT_ROWS (DOT_W4)."""
     q, d8, s = ROUND(x)
     parts = as_parts(w)
     n = out.shape[0]
     fours, pair = n - n % 4, n % 4 >= 2
     for task in prange(count_tasks(parts, ROWS_PER_TASK)):
         part, col, r0, r1 = task_rows(parts, task, ROWS_PER_TASK)
+        if n == 1 and FOUR_WEIGHT_ROWS:
+            end = r1 - (r1 - r0) % 4
+            for r in range(r0, end, 4):
+                out[0, col + r], out[0, col + r + 1], out[0, col + r + 2], out[0, col + r + 3] = DOT_W4(
+                    part[r], part[r + 1], part[r + 2], part[r + 3], q[0], d8[0], s[0])
+            for r in range(end, r1):
+                out[0, col + r] = DOT(part[r], q[0], d8[0], s[0])
+            continue
         for r in range(r0, r1):
             for i in range(0, fours, 4):
                 a, b, c, e = DOT4(part[r], q[i], d8[i], s[i], q[i + 1], d8[i + 1], s[i + 1],
@@ -400,7 +430,9 @@ def _matvec(w, x, out):
 def _kernels(prefix: str, emitters: dict) -> dict:
     return per_type(_matvec, prefix, {name: {"ROUND": q8_k_blocks if name.endswith("_K") else q8_blocks,
                                              "DOT": row_dot_q8(name, emit), "DOT2": row_dot_q8(name, emit, 2),
-                                             "DOT4": row_dot_q8(name, emit, 4)}
+                                             "DOT4": row_dot_q8(name, emit, 4),
+                                             "DOT_W4": row_dot_q8(name, emit, 1, n_weights=4),
+                                             "FOUR_WEIGHT_ROWS": block_size(name)[0] == 32}
                                       for name, emit in emitters.items()}, parallel=True)
 
 
