@@ -70,8 +70,9 @@ def generate(
                                                "template (llama-cli); -p is then the system message")] = False,
     interactive: Annotated[bool, typer.Option("-i", "--interactive", help="continue the prompt, then take "
                                               "input turn by turn as raw text")] = False,
-    reverse_prompt: Annotated[Optional[list[str]], typer.Option("-r", "--reverse-prompt", help="in -cnv/-i: hand "
-                              "over to the user when the output ends with this text (repeatable)")] = None,
+    reverse_prompt: Annotated[Optional[list[str]], typer.Option("-r", "--reverse-prompt", help="stop when the "
+                              "output comes to this text, shown up to it; in -cnv/-i: hand over to the user "
+                              "there (repeatable)")] = None,
     in_prefix: Annotated[str, typer.Option("--in-prefix", help="in -cnv/-i: text put before each input")] = "",
     in_suffix: Annotated[str, typer.Option("--in-suffix", help="in -cnv/-i: text put after each input")] = "",
     chat_template: Annotated[Optional[str], typer.Option("--chat-template", help="chat template: a NAME (chatml) "
@@ -145,7 +146,7 @@ def generate(
         f"memory: {ctx.memory.kind} ({ctx.kind}), {ctx.memory.nbytes / 2**20:.1f} MiB")
     try:
         results = _complete(ctx, samplers, tokens, n_predict, colored(shown, PROMPT_COLOR, color), prompt_cache,
-                            special, keep if context_shift else None)
+                            special, keep if context_shift else None, tuple(reverse_prompt or ()))
     except KeyboardInterrupt:  # end the line, then the timings, as llama-completion does
         sys.stdout.write("\n")
         sys.stdout.flush()
@@ -155,7 +156,8 @@ def generate(
     if parallel > 1:
         for i, result in enumerate(results):
             sys.stdout.write(f"--- completion {i + 1}/{parallel} (seed {samplers[i].seed}) ---\n")
-            sys.stdout.write(shown + lm.vocab.detokenize(result.tokens, special=special) + _ending(result))
+            text = result.text if result.text is not None else lm.vocab.detokenize(result.tokens, special=special)
+            sys.stdout.write(shown + text + _ending(result))
     sys.stdout.flush()
     if any(r.stop == "context" for r in results):
         err_console.print("context full and context shift is disabled => stopping")
@@ -163,16 +165,17 @@ def generate(
     print_attn_stats(ctx)
 
 
-def _complete(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache, special, n_keep):
+def _complete(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache, special, n_keep, stops):
     if len(samplers) > 1:
-        return run_generation(ctx, samplers, tokens, n_predict, prompt_cache=prompt_cache, report=log, n_keep=n_keep)
-    return _stream_one(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache, special, n_keep)
+        return run_generation(ctx, samplers, tokens, n_predict, prompt_cache=prompt_cache, report=log, n_keep=n_keep,
+                              stops=stops, special=special)
+    return _stream_one(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache, special, n_keep, stops)
 
 
-def _stream_one(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache, special, n_keep):
+def _stream_one(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache, special, n_keep, stops):
     sys.stdout.write(shown_prompt)
     sys.stdout.flush()
-    pieces = stream_text(ctx, samplers[0], tokens, n_predict, special, prompt_cache=prompt_cache, report=log,
+    pieces = stream_text(ctx, samplers[0], tokens, n_predict, special, stops, prompt_cache=prompt_cache, report=log,
                          n_keep=n_keep)
     while True:
         try:
@@ -205,8 +208,8 @@ def _check_conversation_flags(conversation: bool, interactive: bool, chat: bool,
         raise InvalidInputError("--chat formats one prompt; -cnv formats every turn: choose one")
     if any(r == "" for r in reverse_prompt or ()):
         raise InvalidInputError("-r/--reverse-prompt cannot be empty")
-    if not (conversation or interactive) and (reverse_prompt or in_prefix or in_suffix):
-        raise InvalidInputError("-r, --in-prefix and --in-suffix apply to -cnv and -i")
+    if not (conversation or interactive) and (in_prefix or in_suffix):
+        raise InvalidInputError("--in-prefix and --in-suffix apply to -cnv and -i")
 
 
 def _check_sampling(temp: float, repeat_penalty: float, n_predict: int) -> None:

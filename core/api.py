@@ -49,16 +49,21 @@ def sampler(model_or_ctx: Model | Context, samplers: str | None = None, **option
 
 
 def stream_generate(model: Model | Context, prompt: str, n_predict: int = -1, *, special: bool = False,
-                    ignore_eos: bool = False, samplers: str | None = None, **options) -> Iterator[str]:
+                    ignore_eos: bool = False, samplers: str | None = None, stop: Iterable[str] = (),
+                    **options) -> Iterator[str]:
     """The completion of `prompt` as text pieces, each as soon as it is whole UTF-8 (`llm generate
-    -p PROMPT`'s stream, the prompt not echoed). A Context given is cleared and used as it is."""
+    -p PROMPT`'s stream, the prompt not echoed), ending before the first of the `stop` strings
+    (`-r`). A Context given is cleared and used as it is."""
     ctx, sampling = _context(model, options)
     if ignore_eos:
         vocab = ctx.model.vocab
         sampling["logit_bias"] = tuple((t, -np.inf) for t in range(vocab.n_tokens) if vocab.is_eog(t))
     chain = sampler(ctx, samplers, **sampling)
     tokens = ctx.model.vocab.tokenize(prompt, add_special=True, parse_special=True)
-    yield from stream_text(ctx, chain, tokens, n_predict, special)
+    stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    if any(s == "" for s in stops):
+        raise InvalidInputError("a stop string cannot be empty")
+    yield from stream_text(ctx, chain, tokens, n_predict, special, stops)
 
 
 def generate(model: Model | Context, prompt: str, n_predict: int = -1, **options) -> str:

@@ -25,8 +25,54 @@ PROMPT_MARGIN = 4  # llama-completion keeps 4 cells free beyond the prompt
 @dataclass
 class GenerationResult:
     tokens: list[int] = field(default_factory=list)
-    stop: str = "length"  # "eog", "length" or "context"
+    stop: str = "length"  # "eog", "length", "context" or "stop string"
     t_sample: float = 0.0
+    text: str | None = None  # with stop strings: the text to show, cut before the one found
+
+
+class TextOut:
+    """A sequence's text as its tokens arrive, with stop strings (llama-completion's -r outside
+    interactive mode): whole UTF-8 only, cut before the first stop string, and holding back only a
+    tail that could still become one, so nothing shown is ever taken back. A stop string that is
+    one special token (`-r "<|im_end|>"`) is found by its token, whether or not it is shown."""
+
+    def __init__(self, vocab, stops: tuple[str, ...] = (), special: bool = False):
+        self.vocab, self.stops = vocab, tuple(stops)
+        self._streamer = vocab.streamer(special)
+        self._held = ""
+        self.shown: list[str] = []
+        self.last = ""  # what the last push made safe to show
+        self.found = False
+
+    def push(self, token: int) -> str:
+        """The text this token makes safe to show ("" once a stop string was found)."""
+        if self.found:
+            return self._show("")
+        text = self._held + self._streamer.push(token)
+        cut = min((i for stop in self.stops if (i := text.find(stop)) >= 0), default=-1)
+        if cut < 0 and self.vocab.token_to_piece(token, True).decode("utf-8", "replace") in self.stops:
+            cut = len(text)
+        if cut >= 0:
+            self.found, self._held = True, ""
+            return self._show(text[:cut])
+        hold = max((n for stop in self.stops for n in range(1, min(len(stop), len(text) + 1))
+                    if text.endswith(stop[:n])), default=0)
+        self._held = text[len(text) - hold:]
+        return self._show(text[:len(text) - hold])
+
+    def flush(self) -> str:
+        """At the end: what was held back, unless a stop string was found."""
+        return self._show("" if self.found else self._held + self._streamer.flush())
+
+    def _show(self, text: str) -> str:
+        self.last = text
+        if text:
+            self.shown.append(text)
+        return text
+
+    @property
+    def text(self) -> str:
+        return "".join(self.shown)
 
 
 def check_prompt(ctx: Context, tokens: list[int]) -> None:
@@ -78,47 +124,59 @@ def reuse_prompt_cache(ctx: Context, path: Path, prompt: list[int], report=None)
 
 def generate(ctx: Context, samplers: list[Sampler] | Sampler, prompt: list[int], n_predict: int = -1,
              on_token: Callable[[int, int], None] | None = None, prompt_cache: Path | None = None,
-             report: Callable[[str], None] | None = None, n_keep: int | None = None) -> list[GenerationResult]:
+             report: Callable[[str], None] | None = None, n_keep: int | None = None,
+             stops: tuple[str, ...] = (), special: bool = False) -> list[GenerationResult]:
     """Complete `prompt` once per sampler, all sequences in one batch per step.
 
     n_predict -1 means until end-of-generation or a full context; `on_token(seq, token)` sees
     every token as it is accepted; `report` gets what --prompt-cache did. `n_keep` (not None)
-    shifts a full context, keeping that many prompt tokens (--context-shift --keep).
+    shifts a full context, keeping that many prompt tokens (--context-shift --keep). A sequence
+    whose text comes to hold one of `stops` ends there, and its result's `text` is what precedes
+    it (`special`: special tokens as text).
     """
-    steps = generate_steps(ctx, samplers, prompt, n_predict, prompt_cache, report, n_keep)
+    n_seqs = 1 if isinstance(samplers, Sampler) else len(samplers)
+    outs = [TextOut(ctx.model.vocab, stops, special) for _ in range(n_seqs)] if stops else None
+    steps = generate_steps(ctx, samplers, prompt, n_predict, prompt_cache, report, n_keep, outs)
     while True:
         try:
             seq, token = next(steps)
         except StopIteration as done:
+            for result, out in zip(done.value, outs or ()):
+                out.flush()
+                result.text = out.text
             return done.value
         if on_token:
             on_token(seq, token)
 
 
 def stream_text(ctx: Context, sampler: Sampler, prompt: list[int], n_predict: int = -1, special: bool = False,
-                **options) -> Generator[str, None, GenerationResult]:
-    """One completion as text pieces, each as soon as it is whole UTF-8; returns the result.
+                stops: tuple[str, ...] = (), **options) -> Generator[str, None, GenerationResult]:
+    """One completion as text pieces, each as soon as it is whole UTF-8 and cannot be the start
+    of one of `stops` (the completion ends before the first stop string); returns the result.
     `options` as generate's (prompt_cache, report, n_keep)."""
-    streamer = ctx.model.vocab.streamer(special)
-    steps = generate_steps(ctx, [sampler], prompt, n_predict, **options)
+    out = TextOut(ctx.model.vocab, stops, special)
+    steps = generate_steps(ctx, [sampler], prompt, n_predict, outs=[out], **options)
     while True:
         try:
-            _, token = next(steps)
+            next(steps)
         except StopIteration as done:
-            tail = streamer.flush()
+            tail = out.flush()
             if tail:
                 yield tail
-            return done.value[0]
-        piece = streamer.push(token)
-        if piece:
-            yield piece
+            result = done.value[0]
+            result.text = out.text if stops else None
+            return result
+        if out.last:
+            yield out.last
 
 
 def generate_steps(ctx: Context, samplers: list[Sampler] | Sampler, prompt: list[int], n_predict: int = -1,
                    prompt_cache: Path | None = None, report: Callable[[str], None] | None = None,
-                   n_keep: int | None = None) -> Generator[tuple[int, int], None, list[GenerationResult]]:
+                   n_keep: int | None = None, outs: list[TextOut] | None = None
+                   ) -> Generator[tuple[int, int], None, list[GenerationResult]]:
     """generate() as a generator: yields (sequence, token) as each token is accepted, and returns
-    the results."""
+    the results. With `outs` (a TextOut per sequence) each accepted token is pushed to its
+    sequence's before it is yielded, and a sequence whose TextOut found a stop string ends."""
     samplers = [samplers] if isinstance(samplers, Sampler) else samplers
     if n_keep is not None:
         check_context_shift(ctx, len(samplers))
@@ -139,7 +197,7 @@ def generate_steps(ctx: Context, samplers: list[Sampler] | Sampler, prompt: list
             sampler.accept(tok)
     if n_keep is not None:
         n_keep = len(prompt) if n_keep < 0 else min(n_keep + (1 if ctx.model.vocab.add_bos else 0), len(prompt))
-    return (yield from _decode_loop(ctx, samplers, len(prompt), n_predict, n_keep))
+    return (yield from _decode_loop(ctx, samplers, len(prompt), n_predict, n_keep, outs))
 
 
 def shift_context(ctx: Context, n_past: int, n_keep: int) -> int:
@@ -153,9 +211,10 @@ def shift_context(ctx: Context, n_past: int, n_keep: int) -> int:
     return n_past - n_discard
 
 
-def _decode_loop(ctx, samplers, n_past, n_predict, n_keep=None) -> Generator[tuple[int, int], None, list[GenerationResult]]:
+def _decode_loop(ctx, samplers, n_past, n_predict, n_keep=None, outs=None
+                 ) -> Generator[tuple[int, int], None, list[GenerationResult]]:
     """One token per active sequence per step. With `n_keep` (--context-shift, one sequence) a
-    full context is shifted instead of ending the generation."""
+    full context is shifted instead of ending the generation; with `outs`, see generate_steps."""
     vocab = ctx.model.vocab
     results = [GenerationResult() for _ in samplers]
     logits = {seq: ctx.get_logits() for seq in range(len(samplers))}  # all share the prompt's last logits
@@ -172,7 +231,12 @@ def _decode_loop(ctx, samplers, n_past, n_predict, n_keep=None) -> Generator[tup
                 results[seq].stop = "eog"
                 continue
             results[seq].tokens.append(tok)
+            if outs is not None:
+                outs[seq].push(tok)
             yield seq, tok
+            if outs is not None and outs[seq].found:
+                results[seq].stop = "stop string"
+                continue
             if len(results[seq].tokens) == n_predict:
                 continue
             if n_past >= capacity and n_keep is not None:

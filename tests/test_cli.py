@@ -25,6 +25,14 @@ def assert_one_line_error(result, fragment):
     assert "Traceback" not in result.stderr
 
 
+def test_generate_stops_at_a_reverse_prompt_as_llama_completion():
+    r = llm("generate", "-p", "The capital of France is", "-n", "24", "--temp", "0", "-r", ".", "-r", "never")
+    assert r.returncode == 0, r.stderr
+    full = llm("generate", "-p", "The capital of France is", "-n", "24", "--temp", "0").stdout
+    assert "." in full.removeprefix("The capital of France is")
+    assert r.stdout == full[:full.index(".", len("The capital of France is"))] + "\n"
+
+
 def test_generate_default_model_streams_and_reports_timings():
     r = llm("generate", "-p", "The capital of France is", "-n", "6", "--temp", "0")
     assert r.returncode == 0, r.stderr

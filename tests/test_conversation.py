@@ -177,7 +177,7 @@ def test_ctrl_d_leaves():
     (["generate", "-cnv", "-r", ""], "cannot be empty"),
     (["generate", "-cnv", "-np", "2"], "drop -np"),
     (["generate", "-cnv", "-i"], "choose one"),
-    (["generate", "-p", "hi", "-r", "User:"], "apply to -cnv and -i"),
+    (["generate", "-p", "hi", "--in-prefix", "User:"], "apply to -cnv and -i"),
     (["generate", "-cnv", "--chat-template", "no-such-template"], "neither a known name"),
 ])
 def test_bad_conversation_flags_are_one_sentence(args, fragment):

@@ -6,7 +6,8 @@ from llmsuite.core.batch import Batch
 from llmsuite.core.chat import chat_prompt, render_chat
 from llmsuite.core.context import Context, ContextParams
 from llmsuite.core.errors import InvalidInputError
-from llmsuite.core.generation import generate
+from llmsuite.core.generation import TextOut, generate, stream_text
+from llmsuite.core.vocab import TextStreamer
 from llmsuite.core.sampling import Sampler, SamplerParams
 
 
@@ -120,3 +121,69 @@ def test_parallel_sequences_outgrow_the_window_cache():
     alone = generate(Context(tiny_gemma3(), ContextParams(**params)), greedy(), prompt, n_predict=8)[0]
     assert [r.stop for r in results] == ["length", "length"]
     assert results[0].tokens == results[1].tokens == alone.tokens
+
+
+# ---- stop strings (-r outside interactive mode) -------------------------------------------------
+
+class PieceVocab:
+    """Token i is pieces[i]; `hidden` tokens show only with special=True (as control tokens)."""
+
+    def __init__(self, pieces, hidden=()):
+        self.pieces, self.hidden = [p.encode() for p in pieces], set(hidden)
+
+    def token_to_piece(self, token, special=False):
+        return self.pieces[token] if special or token not in self.hidden else b""
+
+    def streamer(self, special=False):
+        return TextStreamer(self, special)
+
+
+def shown_pieces(vocab, tokens, stops):
+    out = TextOut(vocab, stops)
+    pieces = [out.push(t) for t in tokens]
+    return pieces, out.flush(), out
+
+
+def test_a_stop_string_ends_the_text_before_it_and_nothing_shown_is_taken_back():
+    vocab = PieceVocab(["Hello", " Us", "e", "r", ":", " more"])
+    pieces, tail, out = shown_pieces(vocab, range(6), ("User:",))
+    assert pieces == ["Hello", " ", "", "", "", ""] and tail == ""  # "Us", "Use", "User" held, never shown
+    assert out.found and out.text == "Hello "
+
+
+def test_a_held_tail_that_does_not_become_a_stop_string_is_shown():
+    vocab = PieceVocab(["ab", " Us", "eful", " Us"])
+    pieces, tail, out = shown_pieces(vocab, range(4), ("User:",))
+    assert pieces == ["ab", " ", "Useful", " "] and tail == "Us"  # the end shows what was held
+    assert not out.found and out.text == "ab Useful Us"
+
+
+def test_the_first_stop_string_in_the_text_wins_and_a_special_token_stops_by_itself():
+    vocab = PieceVocab(["x. y! z", "<|im_end|>"], hidden={1})
+    assert shown_pieces(vocab, [0], ("!", "."))[2].text == "x"
+    pieces, tail, out = shown_pieces(vocab, [0, 1], ("<|im_end|>",))
+    assert out.found and out.text == "x. y! z"
+
+
+def test_generation_stops_at_a_stop_string_streamed_and_in_a_batch():
+    model = real_model("smollm2-135m")
+    prompt = model.vocab.tokenize("The capital of France is", add_special=True)
+    full = generate(Context(model, ContextParams(n_ctx=256)), greedy(), prompt, n_predict=24)[0]
+    text = model.vocab.detokenize(full.tokens)
+    stop = text[len(text) // 2:len(text) // 2 + 4]
+    assert stop.strip() and text.find(stop) > 0
+    expected = text[:text.find(stop)]
+    pieces = stream_text(Context(model, ContextParams(n_ctx=256)), greedy(), prompt, 24, stops=(stop,))
+    streamed = []
+    while True:
+        try:
+            streamed.append(next(pieces))
+        except StopIteration as done:
+            result = done.value
+            break
+    assert "".join(streamed) == result.text == expected and result.stop == "stop string"
+    assert full.tokens[:len(result.tokens)] == result.tokens and len(result.tokens) < len(full.tokens)
+    assert stop in model.vocab.detokenize(result.tokens) and stop not in model.vocab.detokenize(result.tokens[:-1])
+    batch = generate(Context(model, ContextParams(n_ctx=256, n_seq_max=2)), [greedy(), greedy()], prompt, 24,
+                     stops=("never appears", stop))
+    assert [(r.text, r.tokens, r.stop) for r in batch] == [(expected, result.tokens, "stop string")] * 2

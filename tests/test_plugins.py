@@ -73,6 +73,10 @@ def test_api_generate_equals_the_cli():
     assert r.stdout == "The capital of France is" + text + "\n"
     pieces = list(llmsuite.stream_generate(model, "The capital of France is", n_predict=8, temp=0))
     assert len(pieces) > 1 and "".join(pieces) == text
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    r = llm("generate", "-p", "The capital of France is", "-n", "8", "--temp", "0", "-r", stop)
+    stopped = llmsuite.generate(model, "The capital of France is", n_predict=8, temp=0, stop=stop)
+    assert r.stdout == "The capital of France is" + stopped + "\n" and stopped == text[:text.find(stop)]
 
 
 def test_api_context_takes_the_flags_names():
