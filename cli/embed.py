@@ -18,7 +18,9 @@ from llmsuite.core.memory.factory import MAX_SEQ
 from . import options as opt
 from .common import exit_interrupted, open_model, progress_display, read_text_file
 
-OUTPUT_FORMATS = ("plain", "json", "json+", "array")
+# "default" is llama-embedding's layout without --embd-output-format ("" and "plain" name it too)
+OUTPUT_FORMATS = ("default", "raw", "json", "json+", "array")
+DEFAULT_ALIASES = ("", "plain")
 
 
 # as llama-embedding unless given: a batch is one micro-batch (-ub is -b), and holds every input it can (-np)
@@ -32,18 +34,22 @@ Sequences = Annotated[Optional[int], typer.Option("-np", "--parallel", help="inp
 def embed(
     texts: Annotated[Optional[list[str]], typer.Argument(help="texts to embed, one vector each")] = None,
     model: opt.Model = None,
+    prompt: Annotated[Optional[str], typer.Option("-p", "--prompt", help="texts to embed, split at "
+                      "--embd-separator (llama-embedding's input; \\n and the like are read as escapes)")] = None,
     file: Annotated[Optional[Path], typer.Option("-f", "--file", help="embed each line (or separated part) of a file")] = None,
     pooling: Annotated[str, typer.Option("--pooling", help=f"auto (the model's) | {' | '.join(POOLING_NAMES)}")] = "auto",
     embd_normalize: Annotated[int, typer.Option("--embd-normalize", help="-1 none, 0 max absolute (int16 range), "
                                                 "1 taxicab, 2 euclidean, >2 p-norm")] = 2,
-    output_format: Annotated[str, typer.Option("-o", "--embd-output-format", help="plain | json | json+ | array")] = "plain",
-    separator: Annotated[str, typer.Option("--embd-separator", help="what separates the inputs of -f")] = "\n",
+    output_format: Annotated[str, typer.Option("-o", "--embd-output-format", help="default (llama-embedding's "
+                             "layout) | raw (one vector a line) | json | json+ | array")] = "default",
+    separator: Annotated[str, typer.Option("--embd-separator", help="what separates the inputs of -p and -f")] = "\n",
     *,
     context: opt.ContextOptions,
 ) -> None:
     """Embed texts (llama-embedding): the vectors go to stdout, nothing until all are made."""
-    inputs = _inputs(texts or [], file, separator)
+    inputs = _inputs(texts or [], prompt, file, separator)
     check_normalize(embd_normalize)
+    output_format = "default" if output_format in DEFAULT_ALIASES else output_format
     if output_format not in OUTPUT_FORMATS:
         raise InvalidInputError(f"unknown --embd-output-format '{output_format}' (choose from {', '.join(OUTPUT_FORMATS)})")
     context = context.apply_llama_cpp_flags()
@@ -68,20 +74,22 @@ def embed(
         if ctx.pooling == "none":
             vectors = [row for per_token in vectors for row in per_token]
         vectors = [normalize(v, embd_normalize) for v in vectors]
-        sys.stdout.write(format_embeddings(vectors, output_format, embd_normalize == 0, labels))
+        sys.stdout.write(format_embeddings(vectors, output_format, embd_normalize == 0, labels, ctx.pooling == "none"))
     if interrupted:
         exit_interrupted(f"{done} of {len(inputs)} inputs embedded, and only those printed")
     sys.stdout.flush()
 
 
-def _inputs(texts: list[str], file: Path | None, separator: str) -> list[str]:
+def _inputs(texts: list[str], prompt: str | None, file: Path | None, separator: str) -> list[str]:
     if not separator:
         raise InvalidInputError("--embd-separator cannot be empty")
     inputs = list(texts)
+    if prompt is not None:  # llama-embedding's -p: escapes on (its -e default), then split
+        inputs += opt.process_escapes(prompt).split(separator)
     if file is not None:
         inputs += read_text_file(file).split(separator)
     if not inputs:
-        raise InvalidInputError("nothing to embed: give texts as arguments or -f FILE")
+        raise InvalidInputError("nothing to embed: give texts as arguments, -p TEXT or -f FILE")
     for i, text in enumerate(inputs):
         if not text:
             raise InvalidInputError(f"input {i + 1} is empty" + (" (an empty line in -f?)" if file else ""))
@@ -97,13 +105,18 @@ def _tokenize(lm, text: str, i: int, n_batch: int) -> list[int]:
     return tokens
 
 
-def format_embeddings(vectors: list[np.ndarray], fmt: str, integral: bool, labels: list[str]) -> str:
-    """llama-embedding's layouts: plain lines (with the cosine matrix of several pooled inputs),
-    an OpenAI-style json list (json+ adds the cosine matrix), or a bare array of arrays."""
+def format_embeddings(vectors: list[np.ndarray], fmt: str, integral: bool, labels: list[str],
+                      per_token: bool = False) -> str:
+    """llama-embedding's layouts, to the character: its default (each vector's first 16 values
+    when there are several, all of one; per token the first and last three; the cosine matrix of
+    several pooled inputs), raw (one vector a line), an OpenAI-style json list (json+ adds the
+    cosine matrix) or a bare array of arrays; each followed by the empty line llama-embedding ends with."""
     number = "{:1.0f}" if integral else "{:1.7f}"
+    if fmt == "raw":
+        return "".join(" ".join(number.format(x) for x in v) + "\n" for v in vectors) + "\n"
     arrays = ["[" + ",".join(number.format(x) for x in v) + "]" for v in vectors]
     if fmt == "array":
-        return "[" + ",".join(arrays) + "]\n"
+        return "[" + ",".join(arrays) + "]\n\n"
     if fmt in ("json", "json+"):
         items = [f'    {{\n      "object": "embedding",\n      "index": {j},\n      "embedding": {a}\n    }}'
                  for j, a in enumerate(arrays)]
@@ -111,10 +124,15 @@ def format_embeddings(vectors: list[np.ndarray], fmt: str, integral: bool, label
         if fmt == "json+" and len(vectors) > 1:
             rows = ["    [" + ", ".join(f"{cosine(a, b):6.2f}" for b in vectors) + " ]" for a in vectors]
             out += ',\n  "cosineSimilarity": [\n' + ",\n".join(rows) + "\n  ]"
-        return out + "\n}\n"
-    cell = "{:6.0f}" if integral else "{:9.6f}"
-    lines = [f"embedding {j}: " + " ".join(cell.format(x) for x in v) for j, v in enumerate(vectors)]
+        return out + "\n}\n\n"
+    cell = "{:6.0f} " if integral else "{:9.6f} "
+    cells = lambda values: "".join(cell.format(x) for x in values)  # noqa: E731
+    if per_token:
+        lines = [f"embedding {j}: {cells(v[:3])} ... {cells(v[-3:])}" for j, v in enumerate(vectors)]
+    else:
+        shown = 16 if len(vectors) > 1 else None
+        lines = [f"embedding {j}: {cells(v[:shown])}" for j, v in enumerate(vectors)]
     if len(labels) > 1:
-        lines += ["", "cosine similarity matrix:", "", " ".join(f"{t[:6]:>6}" for t in labels)]
-        lines += [" ".join(f"{cosine(a, b):6.2f}" for b in vectors) + " " + t[:10] for a, t in zip(vectors, labels)]
-    return "\n".join(lines) + "\n"
+        lines += ["", "cosine similarity matrix:", "", "".join(f"{t[:6]:>6} " for t in labels)]
+        lines += ["".join(f"{cosine(a, b):6.2f} " for b in vectors) + t[:10] for a, t in zip(vectors, labels)]
+    return "\n" + "\n".join(lines) + "\n\n"

@@ -9,6 +9,7 @@ import pytest
 
 from conftest import TINY_BERT, TINY_GEMMA3, load_fixture, tiny_model
 from test_cli import assert_one_line_error, llm
+from llmsuite.cli.embed import format_embeddings
 from llmsuite.core.batch import Batch
 from llmsuite.core.context import Context, ContextParams, DecodeStatus
 from llmsuite.core.embeddings import cosine, normalize
@@ -128,10 +129,28 @@ def test_embed_file_lines_array_and_plain(tmp_path):
     assert r.returncode == 0, r.stderr
     rows = np.array(json.loads(r.stdout))  # -b 16 puts each text in its own batch
     assert rows.shape == (3, 64) and np.abs(rows - np.array(ref["pooled"])).max() < 1e-2
-    r = llm("embed", "-m", str(TINY_BERT), *ref["texts"][:2])
-    lines = r.stdout.splitlines()
-    assert r.returncode == 0 and lines[0].startswith("embedding 0: ") and len(lines[0].split()) == 2 + 64
-    assert "cosine similarity matrix:" in lines
+    r = llm("embed", "-m", str(TINY_BERT), "-p", "\\n".join(ref["texts"][:2]))  # \n read as an escape, as there
+    lines = r.stdout.split("\n")
+    assert r.returncode == 0 and lines[0] == "" and lines[1].startswith("embedding 0: ")
+    assert len(lines[1].split()) == 2 + 16 and "cosine similarity matrix:" in lines  # several: the first 16 values
+    r = llm("embed", "-m", str(TINY_BERT), "-p", "<#>".join(ref["texts"]), "--embd-separator", "<#>", "-o", "raw",
+            "--embd-normalize", "-1")
+    raw = np.array([[float(x) for x in line.split(" ")] for line in r.stdout.splitlines() if line])
+    assert r.returncode == 0 and r.stdout.endswith("\n\n") and raw.shape == (3, 64)
+    assert np.abs(raw - np.array(ref["pooled"])).max() < 1e-2
+    one = llm("embed", "-m", str(TINY_BERT), "-p", ref["texts"][0]).stdout.split("\n")
+    assert len(one[1].split()) == 2 + 64 and "cosine similarity matrix:" not in one  # one input: all its values
+
+
+def test_embed_default_layout_is_llama_embeddings_to_the_character():
+    vectors = [np.array([0.5, -0.25], np.float32), np.array([1.0, 0.0], np.float32)]
+    assert format_embeddings(vectors, "default", False, ["hello world", "hi"]) == (
+        "\nembedding 0:  0.500000 -0.250000 \nembedding 1:  1.000000  0.000000 \n\ncosine similarity matrix:\n\n"
+        "hello      hi \n  1.00   0.89 hello worl\n  0.89   1.00 hi\n\n")
+    tokens = [np.arange(8, dtype=np.float32) - 3]
+    assert format_embeddings(tokens, "default", True, [], per_token=True) == \
+        "\nembedding 0:     -3     -2     -1  ...      2      3      4 \n\n"
+    assert format_embeddings(vectors, "raw", False, []) == "0.5000000 -0.2500000\n1.0000000 0.0000000\n\n"
 
 
 def test_embed_per_token_with_pooling_none():
