@@ -48,9 +48,10 @@ class Interrupts:
             signal.signal(signal.SIGINT, previous)
 
 
-def read_turn(interactive_terminal: bool, color: bool = False) -> str | None:
-    """One turn of input; None at the end of input, /exit or Ctrl-C. A line ending in a backslash
-    continues on the next line (llama-cli's multi-line input)."""
+def read_turn(interactive_terminal: bool, color: bool = False, multiline: bool = False) -> str | None:
+    """One turn of input; None at the end of input, /exit or Ctrl-C. As llama-cli reads it: a line
+    ending in a backslash continues on the next line, or with `multiline` (-mli) every line does
+    and a backslash ends the input; a line ending in / always ends it."""
     lines = []
     while True:
         try:
@@ -67,18 +68,24 @@ def read_turn(interactive_terminal: bool, color: bool = False) -> str | None:
             if interactive_terminal:
                 sys.stdout.write("\n")
             return None
-        if line.endswith("\\"):
-            lines.append(line[:-1])
-            continue
+        more = multiline
+        if line.endswith("/"):
+            line, more = line[:-1], False
+        elif line.endswith("\\"):
+            line, more = line[:-1], not multiline
         lines.append(line)
+        if more:
+            continue
         text = "\n".join(lines)
         return None if text.strip() in EXIT_COMMANDS else text
 
 
 def converse(conv: Conversation, n_predict: int, reverse_prompts: tuple[str, ...], in_prefix: str, in_suffix: str,
-             answer_first: bool = False, color: bool = False) -> list[Turn]:
+             answer_first: bool = False, color: bool = False, single_turn: bool = False,
+             multiline: bool = False) -> list[Turn]:
     """The loop; returns the answers. `answer_first`: interactive mode continues the prompt before
-    it asks for input."""
+    it asks for input; `single_turn` (-st) ends after the first answer to an input; `multiline`
+    as read_turn's."""
     terminal = sys.stdin.isatty()
     interrupts = Interrupts()
     turns: list[Turn] = []
@@ -98,8 +105,8 @@ def converse(conv: Conversation, n_predict: int, reverse_prompts: tuple[str, ...
 
     if answer_first:
         answer()
-    while True:
-        text = read_turn(terminal, color)
+    while not (single_turn and len(turns) > int(answer_first)):
+        text = read_turn(terminal, color, multiline)
         if text is None:
             if not turns and not terminal:
                 raise InvalidInputError("no input: -cnv and -i read each turn from a terminal or from stdin, "
@@ -107,3 +114,4 @@ def converse(conv: Conversation, n_predict: int, reverse_prompts: tuple[str, ...
             return turns
         conv.add_user(in_prefix + text + in_suffix)
         answer()
+    return turns

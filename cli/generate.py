@@ -56,18 +56,29 @@ def generate(
     samplers: Annotated[str, typer.Option("--samplers", help="the sampler chain in order, ';'-separated, from "
                         "<samplers> (llama.cpp's dry, typ_p, xtc, top_n_sigma are accepted and idle)")] = ";".join(CHAIN),
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="never sample end-of-generation tokens")] = False,
-    special: Annotated[bool, typer.Option("--special", help="print special tokens as text")] = False,
+    special: Annotated[bool, typer.Option("-sp", "--special", help="print special tokens as text")] = False,
     escape: Annotated[bool, typer.Option("-e/--no-escape", "--escape", show_default=False, help="turn \\n, \\t, "
                       "\\\\, \\\" in the prompt, -r, --in-prefix and --in-suffix into what they stand for "
                       "(on unless --no-escape)")] = True,
     verbose: opt.Verbose = False,
     chat: Annotated[bool, typer.Option("--chat", help="format the prompt with the model's chat template")] = False,
     system: Annotated[Optional[str], typer.Option("--system", "-sys", help="system message for --chat")] = None,
+    system_file: Annotated[Optional[Path], typer.Option("-sysf", "--system-prompt-file", help="read the system "
+                           "message from a file (one trailing newline dropped)")] = None,
     prompt_cache: Annotated[Optional[Path], typer.Option("--prompt-cache", help="state file to reuse the prompt from")] = None,
     display_prompt: Annotated[bool, typer.Option("--display-prompt/--no-display-prompt", help="echo the prompt "
                               "before the completion")] = True,
-    conversation: Annotated[bool, typer.Option("-cnv", "--conversation", help="chat turn by turn over the chat "
-                                               "template (llama-cli); -p is then the system message")] = False,
+    conversation: Annotated[bool, typer.Option("-cnv/-no-cnv", "--conversation/--no-conversation",
+                                               help="chat turn by turn over the chat template (llama-cli); -p is "
+                                               "then the system message")] = False,
+    single_turn: Annotated[bool, typer.Option("-st", "--single-turn", help="in -cnv/-i: answer one input, then "
+                                              "exit")] = False,
+    multiline_input: Annotated[bool, typer.Option("-mli", "--multiline-input", help="in -cnv/-i: every line "
+                                                  "continues the input; a line ending in \\ or / ends it "
+                                                  "(llama-cli's)")] = False,
+    jinja: Annotated[bool, typer.Option("--jinja/--no-jinja", help="chat templates are always rendered with "
+                                        "Jinja here (llama.cpp's --jinja; --no-jinja is noted and changes "
+                                        "nothing)")] = True,
     interactive: Annotated[bool, typer.Option("-i", "--interactive", help="continue the prompt, then take "
                                               "input turn by turn as raw text")] = False,
     reverse_prompt: Annotated[Optional[list[str]], typer.Option("-r", "--reverse-prompt", help="stop when the "
@@ -83,11 +94,16 @@ def generate(
                              "what follows --keep and go on (as llama.cpp's --context-shift)")] = False,
     keep: Annotated[int, typer.Option("--keep", help="with --context-shift: prompt tokens never dropped "
                     "(-1: all; BOS is always kept)")] = 0,
-    color: Annotated[bool, typer.Option("--color", help="colour the prompt (yellow) and, in -cnv/-i, your input "
-                     "(green) apart from the generated text")] = False,
+    color: Annotated[str, typer.Option("-co", "--color", help="on | off | auto (on where stdout is a terminal): "
+                     "colour the prompt (yellow) and, in -cnv/-i, your input (green) apart from the generated "
+                     "text")] = "auto",
 ) -> None:
     """Generate text from a prompt (llama-completion); -cnv chats turn by turn (llama-cli)."""
     opt.verbose_flag(verbose)
+    color = opt.on_off_auto("--color", color, sys.stdout.isatty())
+    system = _system_text(system, system_file)
+    if not jinja:
+        log("note: --no-jinja has no effect: chat templates are always rendered with Jinja here")
     text = _prompt_text(prompt, file)
     if escape:
         text, in_prefix, in_suffix = (opt.process_escapes(s) for s in (text, in_prefix, in_suffix))
@@ -101,6 +117,8 @@ def generate(
     _check_sampling(temp, repeat_penalty, n_predict)
     talk = conversation or interactive
     _check_conversation_flags(conversation, interactive, chat, parallel, reverse_prompt, in_prefix, in_suffix)
+    if (single_turn or multiline_input) and not talk:
+        raise InvalidInputError("-st and -mli apply to -cnv and -i")
     if system is not None and not (chat or conversation):
         raise InvalidInputError("--system only applies with --chat or -cnv")
     params = context.params()
@@ -127,7 +145,8 @@ def generate(
             conv = Conversation(ctx, sampler, None, prompt=text)
             sys.stdout.write(colored(text, PROMPT_COLOR, color) if display_prompt else "")
         turns = converse(conv, n_predict, tuple(reverse_prompt or ()), in_prefix, in_suffix + ("" if conversation else "\n"),
-                         answer_first=interactive and bool(text), color=color)
+                         answer_first=interactive and bool(text), color=color, single_turn=single_turn,
+                         multiline=multiline_input)
         print_perf(ctx, t_load, conv.t_sample, sum(len(t.tokens) for t in turns))
         return
     if chat:
@@ -188,6 +207,15 @@ def _stream_one(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache, sp
 
 def _ending(result) -> str:
     return (" [end of text]\n" if result.stop == "eog" else "") + "\n"
+
+
+def _system_text(system: str | None, file: Path | None) -> str | None:
+    if system is not None and file is not None:
+        raise InvalidInputError("give the system message with -sys or -sysf, not both")
+    if file is None:
+        return system
+    text = read_text_file(file)
+    return text[:-1] if text.endswith("\n") else text
 
 
 def _prompt_text(prompt: str | None, file: Path | None) -> str:

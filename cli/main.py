@@ -14,6 +14,7 @@ from llmsuite.core.errors import LLMError, printable
 from . import batched_bench, bench, embed, generate, models, perplexity, testops, tokenize
 from .common import settings
 from .options import Plugin, fill_choices, with_plugin_option
+from .spelling import LlamaSpelledCommand
 
 MAX_ERROR_CHARS = 500
 
@@ -38,7 +39,7 @@ COMMANDS = {"generate": generate.generate, "chat": generate.chat, "embed": embed
             "perplexity": perplexity.perplexity, "test-ops": testops.test_ops, "tokenize": tokenize.tokenize,
             "pull": models.pull, "models": models.models, "info": models.info}
 for _name, _command in COMMANDS.items():
-    app.command(_name)(with_plugin_option(_command))
+    app.command(_name, cls=LlamaSpelledCommand)(with_plugin_option(_command))
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -201,6 +201,18 @@ def fill_choices(command) -> None:
         fill_choices(sub)
 
 
+def on_off_auto(flag: str, value: str, auto: bool) -> bool:
+    """A llama.cpp on|off|auto value (and its other spellings: true/false, 1/0, enabled/disabled, -1)."""
+    word = value.strip().lower()
+    if word in ("on", "true", "1", "enabled", "yes"):
+        return True
+    if word in ("off", "false", "0", "disabled", "no"):
+        return False
+    if word in ("auto", "-1"):
+        return auto
+    raise InvalidInputError(f"{flag} takes on, off or auto, not '{value}'")
+
+
 class Flag(NamedTuple):
     """An option as a command declares it: Annotated[type, typer.Option(...)], and its default."""
     annotation: Any

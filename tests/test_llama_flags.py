@@ -2,12 +2,13 @@
 as having no effect here)."""
 
 import json
+import re
 
 import numba
 import numpy as np
 import pytest
 
-from conftest import TINY_GEMMA3, tiny_model
+from conftest import TINY_GEMMA3, load_fixture, tiny_model
 from llmsuite.core.batch import Batch
 from llmsuite.core.context import Context, ContextParams
 from test_cli import assert_one_line_error, llm
@@ -153,8 +154,10 @@ def test_context_shift_refusals_print_nothing_on_stdout(args, fragment):
 
 
 def test_color_marks_the_prompt():
-    r = generate("-p", "Hi", "-n", "1", "--color")
+    r = generate("-p", "Hi", "-n", "1", "-co", "on")
     assert r.stdout.startswith("\x1b[33mHi\x1b[0m")
+    assert "\x1b[" not in generate("-p", "Hi", "-n", "1", "--color", "auto").stdout  # auto: not on a pipe
+    assert_one_line_error(generate("-p", "Hi", "--color", "maybe"), "--color takes on, off or auto")
 
 
 def test_interactive_continues_the_prompt_then_each_input():
@@ -162,7 +165,7 @@ def test_interactive_continues_the_prompt_then_each_input():
     import sys
 
     r = subprocess.run([sys.executable, "-m", "llmsuite.cli.main", "generate", "-m", TINY, "-i", "-p", "Once upon a time",
-                        "-n", "4", "--temp", "0", "--in-prefix", " ", "--color"], input="and then\n",
+                        "-n", "4", "--temp", "0", "--in-prefix", " ", "--color", "on"], input="and then\n",
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     first, second = r.stdout.split("\n")[:2]
@@ -195,3 +198,102 @@ def test_every_command_that_builds_a_context_takes_the_same_flags():
         flags = {flag for param in commands[name].params for flag in param.opts}
         assert shared <= flags, (name, shared - flags)
         assert ("-np" in flags) == (name != "perplexity"), name
+
+
+# ---- every llama.cpp flag, by its own name --------------------------------------------------------
+
+LLAMA_FLAGS = load_fixture("llama/flags.json")["flags"]  # scripts/llama_flags.py over build 11434's arg.cpp
+# the llama.cpp tools (arg.cpp's examples) each subcommand stands for; llm bench and test-ops stand for
+# llama-bench and test-backend-ops, whose flags are their own (not arg.cpp's)
+TOOLS = {"generate": {"COMPLETION", "CLI"}, "chat": {"CLI"}, "embed": {"EMBEDDING"}, "perplexity": {"PERPLEXITY"},
+         "batched-bench": {"BENCH"}, "tokenize": {"TOKENIZE"}}
+SKIPPED = {"-h", "--help", "--usage"}  # print the help and exit
+ARGUMENTS = {"tokenize": ["hello"]}  # a subcommand's required arguments
+
+
+def parse(subcommand: str, args: list[str]) -> str | None:
+    """None where the subcommand's parser takes `args`, else the one-line error `llm` prints."""
+    from llmsuite.cli.main import command, is_usage_error, usage_message
+
+    try:
+        command().commands[subcommand].make_context(subcommand, list(args))
+    except Exception as e:
+        if not is_usage_error(e):
+            raise
+        return usage_message(e)
+    return None
+
+
+def typed_flags(subcommand: str):
+    for flag in LLAMA_FLAGS:
+        tools = set(flag["examples"]) - set(flag["excludes"])
+        if "COMMON" in tools or tools & TOOLS[subcommand]:
+            for name in flag["names"]:
+                yield name, ["1"] * flag["values"]
+            for name in flag["negatives"]:
+                yield name, []
+
+
+@pytest.mark.parametrize("subcommand", sorted(TOOLS))
+def test_every_llama_cpp_flag_is_taken_or_refused_by_its_own_name(subcommand):
+    """Each flag of the llama.cpp tool a subcommand stands for, with a value where it takes one:
+    the parser takes it, or refuses it naming the flag as typed — never as another flag (`-sp`
+    as `-s p`), nor by leaving its value over as an extra argument."""
+    wrong, taken = [], 0
+    for name, values in typed_flags(subcommand):
+        if name in SKIPPED:
+            continue
+        message = parse(subcommand, [name, *values, *ARGUMENTS.get(subcommand, [])])
+        taken += message is None
+        if message is not None and not re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", message):
+            wrong.append(f"{name} {' '.join(values)}: {message}")
+    assert not wrong, f"llm {subcommand}: " + "; ".join(wrong)
+    assert taken >= 5  # the walk reaches flags the subcommand has
+
+
+def test_a_flag_is_read_whole_and_a_value_is_never_a_flag():
+    assert parse("generate", ["-sp"]) is None or "-sp" in parse("generate", ["-sp"])
+    for subcommand, args, flag in (("generate", ["-n5"], "-n5"), ("embed", ["-ngx", "1"], "-ngx"),
+                                   ("bench", ["-oex", "md"], "-oex"), ("generate", ["--no-such"], "--no-such")):
+        assert parse(subcommand, args) == f"invalid argument: {flag}"
+    assert parse("generate", ["-p", "-5", "-n", "-1", "--temp", "-0.5"]) is None
+
+
+def test_generate_takes_llama_cpp_spellings(tmp_path):
+    sp = generate("--chat", "-p", "hi", "-n", "1", "-sp")
+    assert sp.returncode == 0 and sp.stdout.startswith("<|im_start|>user\nhi<|im_end|>")
+    system = tmp_path / "system.txt"
+    system.write_text("Be brief.\n")
+    by_file = generate("--chat", "-sysf", str(system), "-p", "hi", "-n", "0", "-sp")
+    by_flag = generate("--chat", "-sys", "Be brief.", "-p", "hi", "-n", "0", "-sp")
+    assert by_file.returncode == 0 and by_file.stdout == by_flag.stdout and "Be brief.<" in by_file.stdout
+    assert_one_line_error(generate("--chat", "-sys", "x", "-sysf", str(system), "-p", "hi"), "not both")
+    r = generate("-p", "hi", "-n", "1", "--no-jinja", "-no-cnv", "-v")
+    assert r.returncode == 0 and "--no-jinja has no effect" in r.stderr
+    assert_one_line_error(generate("-p", "hi", "-st"), "apply to -cnv and -i")
+
+
+def test_single_turn_answers_one_input_and_exits():
+    import subprocess
+    import sys
+
+    def run(*flags):
+        return subprocess.run([sys.executable, "-m", "llmsuite.cli.main", "generate", "-m", TINY, "-cnv", "-n", "3",
+                               "--ignore-eos", "--temp", "0", *flags], input="one\ntwo\n", capture_output=True,
+                              text=True, timeout=120)
+    both, one = run(), run("-st")
+    assert both.returncode == one.returncode == 0, one.stderr
+    assert "/     6 runs" in both.stderr and "/     3 runs" in one.stderr  # sampled tokens: two answers, then one
+
+
+def test_multiline_input_reads_as_llama_cli(monkeypatch):
+    import io
+    import sys
+
+    from llmsuite.cli.conversation import read_turn
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("a\nb\\\nc/\nd\n"))
+    assert read_turn(False, multiline=True) == "a\nb"  # -mli: every line continues, a backslash ends the input
+    assert read_turn(False, multiline=True) == "c"  # a slash always ends it
+    monkeypatch.setattr(sys, "stdin", io.StringIO("d\\\ne\nf/\n"))
+    assert read_turn(False) == "d\ne" and read_turn(False) == "f"  # without -mli a backslash continues
