@@ -26,9 +26,10 @@ from llmsuite.core.memory.masks import SparseParams
 from llmsuite.core.models import load_model
 
 from . import options as opt
-from .common import err_console, exit_interrupted, resolve
+from .common import err_console, exit_interrupted, log, resolve
 
 ListOpt = Optional[list[str]]
+OUTPUTS = ("md", "csv", "json", "jsonl")
 FIELDS = ["build_commit", "build_number", "cpu_info", "gpu_info", "backends", "model_filename", "model_type",
           "model_size", "model_n_params", "n_batch", "n_ubatch", "n_threads", "type_k", "type_v", "kv", "attn_impl",
           "attn", "attn_mask", "kv_budget", "numerics", "sparse_topk", "n_prompt", "n_gen", "n_depth", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts"]
@@ -57,8 +58,10 @@ def bench(
                                               "8-bit activations and integer dots; f32 the float reference)")] = None,
     threads: Annotated[ListOpt, typer.Option("-t", "--threads", help="thread counts (the cpu backend)")] = None,
     gpu_layers: opt.GpuLayers = None,
-    flash_attn: Annotated[str, typer.Option("-fa", "--flash-attn", help="0|1 (or off|on|auto): 0 runs attention "
-                          "on the dense path")] = "auto",
+    flash_attn: Annotated[str, typer.Option("-fa", "--flash-attn", help="0|1 (or off|on|auto), a comma list "
+                          "as llama-bench's: 0 runs attention on the dense path (a list sweeps --attn dense,auto)")] = "auto",
+    no_kv_offload: Annotated[Optional[str], typer.Option("-nkvo", "--no-kv-offload", help="llama-bench's 0|1 list "
+                             "(no effect here: the cache lives with its backend)")] = None,
     mmap: Annotated[Optional[str], typer.Option("-mmp", "--mmap", help="llama-bench's 0|1 (no effect here: the GGUF "
                     "is mapped)")] = None,
     device: opt.Device = None,
@@ -73,16 +76,26 @@ def bench(
     kv_budget: opt.KvBudget = 0,
     no_warmup: Annotated[bool, typer.Option("--no-warmup")] = False,
     output: Annotated[str, typer.Option("-o", "--output", help="md, csv, json or jsonl")] = "md",
+    output_err: Annotated[Optional[str], typer.Option("-oe", "--output-err", help="the results on stderr too, in "
+                          "md, csv, json or jsonl (llama-bench's)")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="progress on stderr")] = True,
 ) -> None:
     """Measure prompt processing and generation speed (llama-bench)."""
     opt.verbose_flag(verbose)
-    fa = {"0": "off", "1": "on"}.get(flash_attn, flash_attn)
-    if opt.llama_cpp_flags("auto", gpu_layers, fa, device, split_mode, main_gpu, mmap is not None) == "dense" \
+    fas = [_flash_attn(v) for v in core.parse_str_list(flash_attn)]
+    if len(fas) > 1:  # llama-bench sweeps -fa: here the attention path is the axis
+        if attn:
+            raise InvalidInputError("-fa with several values sweeps the attention path: drop --attn or give one -fa")
+        attn = [",".join(dict.fromkeys("dense" if fa == "off" else "auto" for fa in fas))]
+    elif opt.llama_cpp_flags("auto", gpu_layers, fas[0], device, split_mode, main_gpu, mmap is not None) == "dense" \
             and not attn:
         attn = ["dense"]
-    if output not in ("md", "csv", "json", "jsonl"):
-        raise InvalidInputError(f"unknown output format '{output}' (md, csv, json or jsonl)")
+    if no_kv_offload is not None:
+        core.parse_str_list(no_kv_offload)
+        log("note: -nkvo has no effect here (the KV cache lives with its backend)")
+    for flag, fmt in (("-o", output), ("-oe", output_err)):
+        if fmt is not None and fmt not in OUTPUTS:
+            raise InvalidInputError(f"unknown {flag} output format '{fmt}' (md, csv, json or jsonl)")
     if repetitions < 1:
         raise InvalidInputError("-r must be at least 1")
     tests = _tests(specs, n_prompt, n_gen, pg, depth)
@@ -106,27 +119,37 @@ def bench(
     for note in notes:
         err_console.print(note, markup=False)
     _print_results(results, paths, output)
+    if output_err:
+        _print_results(results, paths, output_err, sys.stderr)
     if stopped_at is not None:
         exit_interrupted(f"during test {stopped_at + 1} of {len(runs)} ({runs[stopped_at].test.name}); "
                          f"the results are the {len(results)} tests done before it")
 
 
-def _print_results(results: list[core.Result], paths: dict, output: str) -> None:
+def _flash_attn(value: str) -> str:
+    fa = {"0": "off", "1": "on"}.get(value, value)
+    if fa not in opt.FA_VALUES:
+        raise InvalidInputError(f"-fa takes 0, 1, on, off or auto (a comma list), not '{value}'")
+    return fa
+
+
+def _print_results(results: list[core.Result], paths: dict, output: str, stream=None) -> None:
+    stream = stream or sys.stdout
     if not results and output not in ("json", "jsonl"):
         return
     rows = [_fields(r, paths) for r in results]
     if output == "md":
-        sys.stdout.write(_markdown(results, rows))
+        stream.write(_markdown(results, rows))
     elif output == "json":
-        sys.stdout.write(json.dumps([{**row, "samples_ns": r.samples_ns, "samples_ts": [round(t, 6) for t in r.samples_ts]}
-                                     for r, row in zip(results, rows)], indent=2) + "\n")
+        stream.write(json.dumps([{**row, "samples_ns": r.samples_ns, "samples_ts": [round(t, 6) for t in r.samples_ts]}
+                                 for r, row in zip(results, rows)], indent=2) + "\n")
     elif output == "jsonl":
         for r, row in zip(results, rows):
-            sys.stdout.write(json.dumps({**row, "samples_ns": r.samples_ns, "samples_ts": r.samples_ts}) + "\n")
+            stream.write(json.dumps({**row, "samples_ns": r.samples_ns, "samples_ts": r.samples_ts}) + "\n")
     else:
         names = FIELDS + ["backend", "device"]
-        sys.stdout.write(",".join(names) + "\n")  # llama-bench: bare names, then every value quoted
-        csv.DictWriter(sys.stdout, fieldnames=names, quoting=csv.QUOTE_ALL).writerows(rows)
+        stream.write(",".join(names) + "\n")  # llama-bench: bare names, then every value quoted
+        csv.DictWriter(stream, fieldnames=names, quoting=csv.QUOTE_ALL).writerows(rows)
 
 
 def _tests(specs, n_prompt, n_gen, pg, depth) -> list[core.Test]:

@@ -107,6 +107,19 @@ def test_cli_json_jsonl_csv():
     assert csv_lines[0].startswith("build_commit,build_number") and csv_lines[1].startswith('"')
 
 
+def test_cli_takes_llama_benchs_fa_lists_nkvo_and_output_err():
+    r = llm("-m", TINY, "pp8", "-r", "1", "-fa", "0,1", "-nkvo", "0,1", "-o", "jsonl", "-oe", "json", "-v")
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(line)["attn"] for line in r.stdout.splitlines()] == ["dense", "auto"]  # -fa 0 is dense
+    again = r.stderr[r.stderr.index("[\n"):]  # -oe: the results again on stderr, as JSON
+    assert [row["attn"] for row in json.loads(again)] == ["dense", "auto"]
+    assert "-nkvo has no effect" in r.stderr
+    for args, fragment in ((["-fa", "0,maybe"], "-fa takes 0, 1, on, off or auto"),
+                           (["-fa", "0,1", "--attn", "sparse"], "drop --attn"), (["-oe", "xml"], "unknown -oe")):
+        bad = llm("-m", TINY, "pp8", *args)
+        assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and fragment in bad.stderr, bad.stderr
+
+
 def test_cli_sweeps_the_attention_implementation():
     deepseek2 = str(FIXTURES / "tiny" / "tiny-deepseek2.gguf")
     r = llm("-m", deepseek2, "pp16", "--attn-impl", "mla,naive", "--kv", "unified,mla", "-r", "1", "-o", "json")
