@@ -53,8 +53,19 @@ def generate(
                                 "every recent token (0.0: off)")] = 0.0,
     frequency_penalty: Annotated[float, typer.Option("--frequency-penalty", help="subtract this times its count "
                                  "from the logit of every recent token (0.0: off)")] = 0.0,
+    typical: Annotated[float, typer.Option("--typical", "--typical-p", help="locally typical sampling: keep the "
+                       "tokens whose surprise is nearest the entropy, up to this much probability (1.0: off)")] = 1.0,
+    top_n_sigma: Annotated[float, typer.Option("--top-nsigma", "--top-n-sigma", help="keep the logits within N "
+                           "standard deviations of the largest (-1: off)")] = -1.0,
+    xtc_probability: Annotated[float, typer.Option("--xtc-probability", help="exclude top choices: how often "
+                               "(0.0: off)")] = 0.0,
+    xtc_threshold: Annotated[float, typer.Option("--xtc-threshold", help="exclude top choices at or above this "
+                             "probability but the least likely of them (> 0.5: off)")] = 0.1,
+    dynatemp_range: Annotated[float, typer.Option("--dynatemp-range", help="dynamic temperature: --temp ± this, "
+                              "by the candidates' entropy (0.0: off)")] = 0.0,
+    dynatemp_exp: Annotated[float, typer.Option("--dynatemp-exp", help="dynamic temperature exponent")] = 1.0,
     samplers: Annotated[str, typer.Option("--samplers", help="the sampler chain in order, ';'-separated, from "
-                        "<samplers> (llama.cpp's dry, typ_p, xtc, top_n_sigma are accepted and idle)")] = ";".join(CHAIN),
+                        "<samplers> (llama.cpp's dry is accepted and idle)")] = ";".join(CHAIN),
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="never sample end-of-generation tokens")] = False,
     special: Annotated[bool, typer.Option("-sp", "--special", help="print special tokens as text")] = False,
     escape: Annotated[bool, typer.Option("-e/--no-escape", "--escape", show_default=False, help="turn \\n, \\t, "
@@ -136,7 +147,9 @@ def generate(
     sampler_params = SamplerParams(seed=seed, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                                    repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                    frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                                   chain=chain, logit_bias=eog)
+                                   typ_p=typical, top_n_sigma=top_n_sigma, xtc_probability=xtc_probability,
+                                   xtc_threshold=xtc_threshold, dynatemp_range=dynatemp_range,
+                                   dynatemp_exponent=dynatemp_exp, chain=chain, logit_bias=eog)
     if talk:
         sampler = Sampler(sampler_params, ctx.backend)
         if conversation:  # -p is the system message, as in llama-cli

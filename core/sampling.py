@@ -22,9 +22,10 @@ import numpy as np
 from .plugins import from_plugin, register
 
 DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp: "use a random seed"
-CHAIN = ("penalties", "top_k", "top_p", "min_p", "temperature")
-# llama.cpp's samplers that its default settings leave idle: accepted in --samplers, idle here too
-IDLE = ("dry", "top_n_sigma", "typ_p", "xtc")
+# llama.cpp's default chain (common.h), less dry
+CHAIN = ("penalties", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
+# llama.cpp's samplers not built here yet: accepted in --samplers (its default chain names dry) and idle
+IDLE = ("dry",)
 ALIASES = {"top-k": "top_k", "top-p": "top_p", "nucleus": "top_p", "min-p": "min_p", "temp": "temperature",
            "typical": "typ_p", "typical-p": "typ_p", "typ-p": "typ_p", "typ": "typ_p", "top-n-sigma": "top_n_sigma"}
 
@@ -70,6 +71,12 @@ class SamplerParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     min_keep: int = 1
+    typ_p: float = 1.0  # locally typical sampling (1.0: off)
+    top_n_sigma: float = -1.0  # keep logits within n standard deviations of the largest (<= 0: off)
+    xtc_probability: float = 0.0  # exclude top choices: how often (0.0: off)
+    xtc_threshold: float = 0.1  # ... and above which probability (> 0.5: off)
+    dynatemp_range: float = 0.0  # dynamic temperature: temp ± range by the candidates' entropy (0.0: off)
+    dynatemp_exponent: float = 1.0
     chain: tuple[str, ...] = CHAIN
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias) pairs; --ignore-eos puts -inf on EOG
 
@@ -93,8 +100,10 @@ class Sampler:
         """The chain as llama.cpp prints it; disabled steps carry a leading '?'."""
         p = self.params
         active = {"penalties": self._penalties_active(), "top_k": p.top_k > 0, "top_p": p.top_p < 1.0,
-                  "min_p": p.min_p > 0.0, "temperature": True}
-        shown = {"top_k": "top-k", "top_p": "top-p", "min_p": "min-p", "temperature": "temp-ext"}
+                  "min_p": p.min_p > 0.0, "temperature": True, "typ_p": p.typ_p < 1.0,
+                  "top_n_sigma": p.top_n_sigma > 0.0, "xtc": p.xtc_probability > 0.0 and p.xtc_threshold <= 0.5}
+        shown = {"top_k": "top-k", "top_p": "top-p", "min_p": "min-p", "temperature": "temp-ext",
+                 "typ_p": "typical", "top_n_sigma": "top-n-sigma"}
         steps = ([("logit-bias", True)] if p.logit_bias else []) + \
             [(shown.get(name, name), active.get(name, True)) for name in p.chain] + [("dist", True)]
         return "logits -> " + " -> ".join(name if on else f"?{name}" for name, on in steps)
@@ -154,7 +163,62 @@ class Sampler:
 
     @sampler_step("temperature")
     def _temperature(self, ids, values):
-        return ids, values / np.float32(self.params.temp)
+        """llama.cpp's temp-ext: values / temp, or with --dynatemp-range the temperature moved within
+        temp ± range by the candidates' entropy over its largest possible value, to --dynatemp-exp."""
+        p, xp = self.params, self.ops.xp
+        temp = p.temp
+        if p.dynatemp_range > 0 and len(values) > 1:
+            probs = _softmax(xp, values)
+            entropy = -float(xp.sum(xp.where(probs > 0, probs * xp.log(xp.maximum(probs, 1e-38)), 0)))
+            low, high = max(0.0, temp - p.dynatemp_range), temp + p.dynatemp_range
+            temp = low + (high - low) * (entropy / np.log(len(values))) ** p.dynatemp_exponent
+            if temp <= 0:  # llama.cpp's temperature 0: the largest logit alone
+                best = int(self.ops.argmax(values))
+                return ids[best:best + 1], values[best:best + 1]
+        return ids, values / np.float32(temp)
+
+    @sampler_step("typ_p")
+    def _typical(self, ids, values):
+        """Locally typical sampling: the candidates whose surprise (-log p) is nearest the entropy,
+        nearest first, until their probabilities add up to more than typ_p."""
+        p, xp = self.params, self.ops.xp
+        if p.typ_p >= 1.0:
+            return ids, values
+        probs = _softmax(xp, values)
+        logp = xp.log(xp.maximum(probs, 1e-38))
+        entropy = -xp.sum(probs * logp)
+        order = xp.argsort(xp.abs(-logp - entropy), kind="stable")
+        cum = xp.cumsum(probs[order])
+        over = int(xp.searchsorted(cum, np.float32(p.typ_p), side="right"))  # first index with cum > typ_p
+        keep = min(max(over + 1, p.min_keep), len(values))
+        return ids[order[:keep]], values[order[:keep]]
+
+    @sampler_step("top_n_sigma")
+    def _top_n_sigma(self, ids, values):
+        """The logits within n standard deviations (of the finite logits) of the largest."""
+        n, xp = self.params.top_n_sigma, self.ops.xp
+        if n <= 0 or len(values) <= 1:
+            return ids, values
+        finite = values[xp.isfinite(values)]
+        keep = values >= finite.max() - np.float32(n) * finite.std()
+        return ids[keep], values[keep]
+
+    @sampler_step("xtc")
+    def _xtc(self, ids, values):
+        """Exclude top choices: with probability xtc_probability, drop every candidate at or above
+        xtc_threshold but the least likely of them (none when only one reaches it)."""
+        p, xp = self.params, self.ops.xp
+        if p.xtc_probability <= 0 or p.xtc_threshold > 0.5 or len(values) < 2:
+            return ids, values
+        if float(self.rng.random()) > p.xtc_probability:
+            return ids, values
+        order = xp.argsort(-values, kind="stable")
+        ids, values = ids[order], values[order]
+        above = int(xp.sum(_softmax(xp, values) >= np.float32(p.xtc_threshold)))  # sorted: a prefix
+        drop = above - 1
+        if drop > 0 and len(values) - drop >= p.min_keep:
+            return ids[drop:], values[drop:]
+        return ids, values
 
     @sampler_step("top_k")
     def _top_k(self, ids, values):

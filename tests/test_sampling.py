@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from llmsuite.core.sampling import Sampler, SamplerParams
+from llmsuite.core.sampling import CHAIN, Sampler, SamplerParams
 
 
 def logits_with(values: dict[int, float], n: int = 100) -> np.ndarray:
@@ -74,7 +74,7 @@ def test_samplers_flag_orders_and_prunes_the_chain():
     from llmsuite.core.sampling import parse_samplers
 
     assert parse_samplers("penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature") == \
-        ("penalties", "top_k", "top_p", "min_p", "temperature")  # llama.cpp's default: the idle ones drop out
+        CHAIN  # llama.cpp's default: dry, not built here, drops out
     assert parse_samplers("temp;top-k") == ("temperature", "top_k")
     with pytest.raises(InvalidInputError, match="unknown sampler 'mirostat9'"):
         parse_samplers("top_k;mirostat9")
@@ -88,8 +88,58 @@ def test_samplers_flag_orders_and_prunes_the_chain():
 
 
 @pytest.mark.parametrize("params, chain", [
-    (SamplerParams(), "logits -> ?penalties -> top-k -> top-p -> min-p -> temp-ext -> dist"),
-    (SamplerParams(repeat_penalty=1.1, top_k=0), "logits -> penalties -> ?top-k -> top-p -> min-p -> temp-ext -> dist"),
+    (SamplerParams(), "logits -> ?penalties -> ?top-n-sigma -> top-k -> ?typical -> top-p -> min-p -> ?xtc -> "
+                      "temp-ext -> dist"),
+    (SamplerParams(repeat_penalty=1.1, top_k=0, typ_p=0.9, top_n_sigma=1.0, xtc_probability=0.5),
+     "logits -> penalties -> top-n-sigma -> ?top-k -> typical -> top-p -> min-p -> xtc -> temp-ext -> dist"),
 ])
 def test_chain_description(params, chain):
     assert Sampler(params).describe() == chain
+
+
+# ---- llama.cpp's other samplers, against hand-made distributions ----------------------------------
+
+PROBS = np.log(np.array([0.5, 0.2, 0.2, 0.1], np.float32))  # entropy 1.2206; surprises 0.69, 1.61, 1.61, 2.30
+
+
+def step(name, values, **params):
+    sampler = Sampler(SamplerParams(seed=5, **params))
+    ids, out = getattr(sampler, name)(np.arange(len(values)), np.asarray(values, np.float32))
+    return [int(i) for i in ids], out
+
+
+def test_typical_keeps_the_tokens_whose_surprise_is_nearest_the_entropy():
+    # |surprise - entropy|: 0.53, 0.39, 0.39, 1.08 -> tokens 1, 2, 0, 3 with running sums 0.2, 0.4, 0.9, 1.0
+    assert step("_typical", PROBS, typ_p=0.3)[0] == [1, 2]  # 0.4 > 0.3
+    assert step("_typical", PROBS, typ_p=0.5)[0] == [1, 2, 0]  # 0.9 > 0.5
+    assert step("_typical", PROBS, typ_p=1.0)[0] == [0, 1, 2, 3]  # off
+
+
+def test_top_n_sigma_keeps_logits_within_n_deviations_of_the_largest():
+    logits = [4.0, 3.0, 1.0, 0.0, -np.inf]  # finite: mean 2, standard deviation sqrt(2.5) = 1.58
+    assert step("_top_n_sigma", logits, top_n_sigma=1.0)[0] == [0, 1]  # above 4 - 1.58
+    assert step("_top_n_sigma", logits, top_n_sigma=2.0)[0] == [0, 1, 2]  # above 4 - 3.16
+    assert step("_top_n_sigma", logits, top_n_sigma=-1.0)[0] == [0, 1, 2, 3, 4]  # off
+
+
+def test_xtc_drops_the_top_choices_but_the_least_likely_of_them():
+    probs = np.log(np.array([0.4, 0.3, 0.2, 0.1], np.float32))
+    assert step("_xtc", probs, xtc_probability=1.0, xtc_threshold=0.25)[0] == [1, 2, 3]  # 0.4 and 0.3 reach it
+    assert step("_xtc", probs, xtc_probability=1.0, xtc_threshold=0.35)[0] == [0, 1, 2, 3]  # only one: kept
+    assert step("_xtc", probs, xtc_probability=0.0, xtc_threshold=0.25)[0] == [0, 1, 2, 3]  # off
+    sometimes = Sampler(SamplerParams(seed=5, xtc_probability=0.5, xtc_threshold=0.25))
+    kept = {len(sometimes._xtc(np.arange(4), probs)[0]) for _ in range(200)}
+    assert kept == {3, 4}  # half the time, as its own draw says
+
+
+def test_dynamic_temperature_follows_the_entropy():
+    probs = np.exp(PROBS.astype(np.float64))
+    entropy = -(probs * np.log(probs)).sum()
+    for exponent in (1.0, 2.0):
+        temp = 0.5 + 1.0 * (entropy / np.log(4)) ** exponent  # --temp 1 ± 0.5: from 0.5 to 1.5
+        _, out = step("_temperature", PROBS, temp=1.0, dynatemp_range=0.5, dynatemp_exponent=exponent)
+        np.testing.assert_allclose(out, PROBS / temp, rtol=1e-5)
+    _, flat = step("_temperature", np.zeros(4), temp=1.0, dynatemp_range=0.5)  # the largest entropy: 1.5
+    _, peaked = step("_temperature", [0.0, -1e4, -1e4, -1e4], temp=1.0, dynatemp_range=0.5)  # none: 0.5
+    np.testing.assert_allclose(peaked[1:], -1e4 / 0.5, rtol=1e-5)
+    assert step("_temperature", [0.0, -1e4], temp=0.2, dynatemp_range=0.5)[0] == [0]  # 0 at no entropy: the largest
