@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 import time
 from dataclasses import replace
@@ -12,7 +13,7 @@ from typing import Annotated, Optional
 import numpy as np
 import typer
 
-from llmsuite.core.chat import chat_prompt, probe_template, read_chat_template, resolve_template
+from llmsuite.core.chat import chat_prompt, probe_template, read_chat_template, read_vocab_size, resolve_template
 from llmsuite.core.conversation import Conversation
 from llmsuite.core.context import Context
 from llmsuite.core.graph import AttnStats
@@ -67,6 +68,9 @@ def generate(
     samplers: Annotated[str, typer.Option("--samplers", help="the sampler chain in order, ';'-separated, from "
                         "<samplers> (llama.cpp's dry is accepted and idle)")] = ";".join(CHAIN),
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="never sample end-of-generation tokens")] = False,
+    logit_bias: Annotated[Optional[list[str]], typer.Option("-l", "--logit-bias", metavar="TOKEN_ID(+/-)BIAS",
+                          help="add BIAS to a token's logit before sampling, e.g. 15043+1 or 15043-inf "
+                          "(repeatable)")] = None,
     special: Annotated[bool, typer.Option("-sp", "--special", help="print special tokens as text")] = False,
     escape: Annotated[bool, typer.Option("-e/--no-escape", "--escape", show_default=False, help="turn \\n, \\t, "
                       "\\\\, \\\" in the prompt, -r, --in-prefix and --in-suffix into what they stand for "
@@ -121,6 +125,7 @@ def generate(
         reverse_prompt = [opt.process_escapes(r) for r in reverse_prompt or ()]
     context = context.apply_llama_cpp_flags()
     chain = parse_samplers(samplers)
+    biases = [_logit_bias(b) for b in logit_bias or ()]
     n_ctx, parallel = context.ctx_size, context.parallel
     if 0 < n_ctx <= PROMPT_MARGIN:  # known before the model loads
         raise InvalidInputError(f"-c {n_ctx} leaves no room for a prompt (generation keeps {PROMPT_MARGIN} cells "
@@ -139,6 +144,11 @@ def generate(
         template = resolve_template(read_chat_template(path), chat_template, path.name)
         probe_template(template, system if chat or system is not None else text, text if chat else "Hello")
         (log if template.from_model else err_console.print)(f"chat template: {template.origin}")
+    if biases:  # a token outside the vocabulary is refused before the weights load
+        n_vocab = read_vocab_size(resolve(model))
+        outside = next((token for token, _ in biases if not 0 <= token < n_vocab), None)
+        if outside is not None:
+            raise InvalidInputError(f"-l/--logit-bias: token {outside} is outside the vocabulary (0..{n_vocab - 1})")
     lm, t_load = open_model(model, context.backend, (params.type_k, params.type_v), context.numerics)
     ctx = Context(lm, params)
     if settings["verbose"]:
@@ -149,7 +159,7 @@ def generate(
                                    frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                                    typ_p=typical, top_n_sigma=top_n_sigma, xtc_probability=xtc_probability,
                                    xtc_threshold=xtc_threshold, dynatemp_range=dynatemp_range,
-                                   dynatemp_exponent=dynatemp_exp, chain=chain, logit_bias=eog)
+                                   dynatemp_exponent=dynatemp_exp, chain=chain, logit_bias=tuple(biases) + eog)
     if talk:
         sampler = Sampler(sampler_params, ctx.backend)
         if conversation:  # -p is the system message, as in llama-cli
@@ -220,6 +230,18 @@ def _stream_one(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache, sp
 
 def _ending(result) -> str:
     return (" [end of text]\n" if result.stop == "eog" else "") + "\n"
+
+
+def _logit_bias(text: str) -> tuple[int, float]:
+    """llama.cpp's TOKEN_ID+BIAS or TOKEN_ID-BIAS."""
+    match = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(\S+)\s*", text)
+    try:
+        bias = float(match.group(3)) if match else None
+    except ValueError:
+        bias = None
+    if bias is None or bias != bias:
+        raise InvalidInputError(f"-l/--logit-bias takes TOKEN_ID+BIAS or TOKEN_ID-BIAS (15043+1), not '{text}'")
+    return int(match.group(1)), -bias if match.group(2) == "-" else bias
 
 
 def _system_text(system: str | None, file: Path | None) -> str | None:

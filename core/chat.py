@@ -85,6 +85,15 @@ def read_chat_template(path: Path) -> str | None:
         gguf.close()
 
 
+def read_vocab_size(path: Path) -> int:
+    """How many tokens a GGUF's vocabulary holds, read without loading the model."""
+    gguf = GGUFFile(path)
+    try:
+        return len(gguf.get_strs("tokenizer.ggml.tokens"))
+    finally:
+        gguf.close()
+
+
 def probe_template(template: ChatTemplate, system: str | None, user: str) -> None:
     """Render a conversation like the one to come (without BOS/EOS, which need the vocabulary):
     a template that fails or passes a bound is refused in a moment, not after the weights load."""

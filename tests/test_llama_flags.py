@@ -301,3 +301,12 @@ def test_multiline_input_reads_as_llama_cli(monkeypatch):
     assert read_turn(False, multiline=True) == "c"  # a slash always ends it
     monkeypatch.setattr(sys, "stdin", io.StringIO("d\\\ne\nf/\n"))
     assert read_turn(False) == "d\ne" and read_turn(False) == "f"  # without -mli a backslash continues
+
+
+def test_logit_bias_as_llama_cpp_spells_it():
+    vocab = tiny_model(TINY_GEMMA3).vocab
+    token = next(t for t in range(100, vocab.n_tokens) if vocab.token_to_piece(t).decode("utf-8", "ignore").isalpha())
+    r = generate("-p", "hi", "-n", "1", "-l", f"{token}+100", "--logit-bias", "5-inf")
+    assert r.returncode == 0 and r.stdout == "hi" + vocab.detokenize([token]) + "\n", r.stderr
+    assert_one_line_error(generate("-p", "hi", "-l", "12x3"), "TOKEN_ID+BIAS")
+    assert_one_line_error(generate("-p", "hi", "-l", f"{vocab.n_tokens}+1"), "outside the vocabulary")
