@@ -65,6 +65,10 @@ def generate(
     dynatemp_range: Annotated[float, typer.Option("--dynatemp-range", help="dynamic temperature: --temp ± this, "
                               "by the candidates' entropy (0.0: off)")] = 0.0,
     dynatemp_exp: Annotated[float, typer.Option("--dynatemp-exp", help="dynamic temperature exponent")] = 1.0,
+    mirostat: Annotated[int, typer.Option("--mirostat", help="1 or 2: Mirostat v1/v2 in place of the sampler "
+                        "chain (0: off)")] = 0,
+    mirostat_lr: Annotated[float, typer.Option("--mirostat-lr", help="Mirostat's learning rate, eta")] = 0.1,
+    mirostat_ent: Annotated[float, typer.Option("--mirostat-ent", help="Mirostat's target entropy, tau")] = 5.0,
     samplers: Annotated[str, typer.Option("--samplers", help="the sampler chain in order, ';'-separated, from "
                         "<samplers> (llama.cpp's dry is accepted and idle)")] = ";".join(CHAIN),
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="never sample end-of-generation tokens")] = False,
@@ -125,6 +129,9 @@ def generate(
         reverse_prompt = [opt.process_escapes(r) for r in reverse_prompt or ()]
     context = context.apply_llama_cpp_flags()
     chain = parse_samplers(samplers)
+    _check_mirostat(mirostat, samplers != ";".join(CHAIN), {
+        "--top-k": top_k != 40, "--top-p": top_p != 0.95, "--min-p": min_p != 0.05, "--typical": typical != 1.0,
+        "--top-nsigma": top_n_sigma > 0, "--xtc-probability": xtc_probability > 0, "--dynatemp-range": dynatemp_range > 0})
     biases = [_logit_bias(b) for b in logit_bias or ()]
     n_ctx, parallel = context.ctx_size, context.parallel
     if 0 < n_ctx <= PROMPT_MARGIN:  # known before the model loads
@@ -159,7 +166,8 @@ def generate(
                                    frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                                    typ_p=typical, top_n_sigma=top_n_sigma, xtc_probability=xtc_probability,
                                    xtc_threshold=xtc_threshold, dynatemp_range=dynatemp_range,
-                                   dynatemp_exponent=dynatemp_exp, chain=chain, logit_bias=tuple(biases) + eog)
+                                   dynatemp_exponent=dynatemp_exp, mirostat=mirostat, mirostat_tau=mirostat_ent,
+                                   mirostat_eta=mirostat_lr, chain=chain, logit_bias=tuple(biases) + eog)
     if talk:
         sampler = Sampler(sampler_params, ctx.backend)
         if conversation:  # -p is the system message, as in llama-cli
@@ -230,6 +238,15 @@ def _stream_one(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache, sp
 
 def _ending(result) -> str:
     return (" [end of text]\n" if result.stop == "eog" else "") + "\n"
+
+
+def _check_mirostat(version: int, chain_given: bool, samplers_set: dict[str, bool]) -> None:
+    """Mirostat takes the place of the chain (as in llama.cpp, which ignores the rest silently)."""
+    if version not in (0, 1, 2):
+        raise InvalidInputError(f"--mirostat takes 0 (off), 1 or 2, not {version}")
+    replaced = ["--samplers"] * chain_given + [flag for flag, given in samplers_set.items() if given]
+    if version and replaced:
+        raise InvalidInputError(f"--mirostat {version} replaces the sampler chain, {replaced[0]} among it: drop one")
 
 
 def _logit_bias(text: str) -> tuple[int, float]:

@@ -77,6 +77,9 @@ class SamplerParams:
     xtc_threshold: float = 0.1  # ... and above which probability (> 0.5: off)
     dynatemp_range: float = 0.0  # dynamic temperature: temp ± range by the candidates' entropy (0.0: off)
     dynatemp_exponent: float = 1.0
+    mirostat: int = 0  # 1 or 2: Mirostat (v1, v2) in place of the chain, after the temperature
+    mirostat_tau: float = 5.0  # its target surprise (bits)
+    mirostat_eta: float = 0.1  # its learning rate
     chain: tuple[str, ...] = CHAIN
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias) pairs; --ignore-eos puts -inf on EOG
 
@@ -91,6 +94,7 @@ class Sampler:
         self.seed = secrets.randbits(32) if seed == DEFAULT_SEED or seed < 0 else seed
         self.rng = np.random.default_rng(self.seed)
         self.history: deque[int] = deque(maxlen=max(self.params.repeat_last_n, 0) or None)
+        self.mu = 2.0 * self.params.mirostat_tau  # Mirostat's running surprise bound
 
     def accept(self, token: int) -> None:
         if self.params.repeat_last_n != 0:
@@ -104,6 +108,10 @@ class Sampler:
                   "top_n_sigma": p.top_n_sigma > 0.0, "xtc": p.xtc_probability > 0.0 and p.xtc_threshold <= 0.5}
         shown = {"top_k": "top-k", "top_p": "top-p", "min_p": "min-p", "temperature": "temp-ext",
                  "typ_p": "typical", "top_n_sigma": "top-n-sigma"}
+        if p.mirostat:
+            steps = ([("logit-bias", True)] if p.logit_bias else []) + \
+                [("temp", True), ("mirostat" if p.mirostat == 1 else "mirostat-v2", True)]
+            return "logits -> " + " -> ".join(name for name, _ in steps)
         steps = ([("logit-bias", True)] if p.logit_bias else []) + \
             [(shown.get(name, name), active.get(name, True)) for name in p.chain] + [("dist", True)]
         return "logits -> " + " -> ".join(name if on else f"?{name}" for name, on in steps)
@@ -124,10 +132,40 @@ class Sampler:
                 if name == "penalties" or from_plugin("sampler", name):
                     ids, values = self._step(name, ids, values)
             return int(ids[self.ops.argmax(values)])
+        if p.mirostat:
+            return self._mirostat(ids, values / np.float32(p.temp))
         for name in p.chain:
             ids, values = self._step(name, ids, values)
         probs = xp.exp(values - values.max())
         return self.ops.sample_cdf(probs, ids, float(self.rng.random()))
+
+    def _mirostat(self, ids, values) -> int:
+        """Mirostat in place of the chain (llama.cpp's, after the temperature): v1 keeps the top k
+        tokens, k from the Zipf exponent estimated over the 100 most likely and the bound mu; v2 the
+        tokens whose surprise (-log2 p) is at most mu. One is drawn, and mu moves by the learning
+        rate times how far its surprise was from the target."""
+        p, xp = self.params, self.ops.xp
+        order = xp.argsort(-values, kind="stable")
+        ids, values = ids[order], values[order]
+        probs = _softmax(xp, values)
+        if p.mirostat == 1:
+            m = min(100 - 1, len(probs) - 1)
+            t = np.log(np.arange(2, m + 2) / np.arange(1, m + 1))
+            b = np.log(np.asarray(probs[:m], np.float64) / np.asarray(probs[1:m + 1], np.float64))
+            s_hat = float((t * b).sum() / (t * t).sum())
+            eps = s_hat - 1
+            with np.errstate(all="ignore"):
+                base = np.float64(eps * 2 ** self.mu) / (1 - np.float64(len(values)) ** -eps)
+                k = base ** (1 / s_hat) if base > 0 else np.nan
+            keep = max(int(k), 1) if np.isfinite(k) else 1  # as llama.cpp's int(NaN): the top token
+        else:
+            surprise = -np.log2(np.maximum(np.asarray(probs, np.float64), 1e-300))
+            keep = max(int(np.argmax(surprise > self.mu)) if (surprise > self.mu).any() else len(values), 1)
+        ids, probs = ids[:keep], _softmax(xp, values[:keep])
+        token = self.ops.sample_cdf(probs, ids, float(self.rng.random()))
+        chosen = float(probs[int(xp.flatnonzero(ids == token)[0])])
+        self.mu -= p.mirostat_eta * (-np.log2(chosen) - p.mirostat_tau)
+        return token
 
     def _step(self, name: str, ids, values):
         if not from_plugin("sampler", name):

@@ -310,3 +310,12 @@ def test_logit_bias_as_llama_cpp_spells_it():
     assert r.returncode == 0 and r.stdout == "hi" + vocab.detokenize([token]) + "\n", r.stderr
     assert_one_line_error(generate("-p", "hi", "-l", "12x3"), "TOKEN_ID+BIAS")
     assert_one_line_error(generate("-p", "hi", "-l", f"{vocab.n_tokens}+1"), "outside the vocabulary")
+
+
+def test_mirostat_replaces_the_chain_and_refuses_what_it_replaces():
+    r = generate("-p", "hi", "-n", "2", "-v", "--temp", "0.8", "-s", "1", "--mirostat", "2", "--mirostat-lr", "0.2",
+                 "--mirostat-ent", "4")
+    assert r.returncode == 0 and "sampler chain: logits -> temp -> mirostat-v2" in r.stderr, r.stderr
+    assert_one_line_error(generate("-p", "hi", "--mirostat", "2", "--top-k", "5"), "replaces the sampler chain")
+    assert_one_line_error(generate("-p", "hi", "--mirostat", "1", "--samplers", "top_k"), "--samplers among it")
+    assert_one_line_error(generate("-p", "hi", "--mirostat", "3"), "--mirostat takes 0")

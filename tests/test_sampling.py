@@ -143,3 +143,24 @@ def test_dynamic_temperature_follows_the_entropy():
     _, peaked = step("_temperature", [0.0, -1e4, -1e4, -1e4], temp=1.0, dynatemp_range=0.5)  # none: 0.5
     np.testing.assert_allclose(peaked[1:], -1e4 / 0.5, rtol=1e-5)
     assert step("_temperature", [0.0, -1e4], temp=0.2, dynatemp_range=0.5)[0] == [0]  # 0 at no entropy: the largest
+
+
+def test_mirostat_v2_keeps_the_tokens_within_its_surprise_bound_and_moves_it():
+    logits = np.log(np.array([0.5, 0.25, 0.125, 0.125], np.float32))  # surprises 1, 2, 3, 3 bits
+    fixed = Sampler(SamplerParams(seed=1, temp=1.0, mirostat=2, mirostat_tau=1.0, mirostat_eta=0.0))
+    assert fixed.mu == 2.0 and {fixed.sample(logits) for _ in range(300)} == {0, 1}  # mu = 2 tau: surprise <= 2
+    learning = Sampler(SamplerParams(seed=1, temp=1.0, mirostat=2, mirostat_tau=1.0, mirostat_eta=0.5))
+    token = learning.sample(logits)
+    kept = {0: 2 / 3, 1: 1 / 3}[token]  # the two kept, renormalized
+    assert learning.mu == pytest.approx(2.0 - 0.5 * (-np.log2(kept) - 1.0), rel=1e-5)
+
+
+def test_mirostat_v1_keeps_the_top_k_of_its_zipf_estimate():
+    ranks = np.arange(1, 1001)
+    logits = (-2.0 * np.log(ranks)).astype(np.float32)  # Zipf, exponent 2: the estimate is exactly 2
+    for tau in (4.0, 3.0):  # k = 16, 8
+        sampler = Sampler(SamplerParams(seed=2, temp=1.0, mirostat=1, mirostat_tau=tau, mirostat_eta=0.0))
+        k = int((1.0 * 2 ** (2 * tau) / (1 - 1000.0 ** -1.0)) ** 0.5)  # ((s-1)·2^mu / (1 - n^-(s-1)))^(1/s)
+        drawn = {sampler.sample(logits) for _ in range(2000)}
+        assert max(drawn) == k - 1  # the k-th token is drawn, none after it
+    assert Sampler(SamplerParams(mirostat=2)).describe() == "logits -> temp -> mirostat-v2"
