@@ -16,6 +16,7 @@ import typer
 from llmsuite.core.chat import chat_prompt, probe_template, read_chat_template, read_vocab_size, resolve_template
 from llmsuite.core.conversation import Conversation
 from llmsuite.core.context import Context
+from llmsuite.core.grammar import compile_grammar
 from llmsuite.core.graph import AttnStats
 from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.generation import (PROMPT_MARGIN, check_context_shift, check_prompt, generate as run_generation,
@@ -65,6 +66,14 @@ def generate(
     dynatemp_range: Annotated[float, typer.Option("--dynatemp-range", help="dynamic temperature: --temp ± this, "
                               "by the candidates' entropy (0.0: off)")] = 0.0,
     dynatemp_exp: Annotated[float, typer.Option("--dynatemp-exp", help="dynamic temperature exponent")] = 1.0,
+    grammar: Annotated[Optional[str], typer.Option("--grammar", help="a GBNF grammar (llama.cpp's format) the "
+                       "output must follow")] = None,
+    grammar_file: Annotated[Optional[Path], typer.Option("--grammar-file", help="read the GBNF grammar from a "
+                            "file")] = None,
+    json_schema: Annotated[Optional[str], typer.Option("-j", "--json-schema", help="a JSON schema the output "
+                           "must follow (e.g. '{\"type\": \"object\"}')")] = None,
+    json_schema_file: Annotated[Optional[Path], typer.Option("-jf", "--json-schema-file", help="read the JSON "
+                                "schema from a file")] = None,
     mirostat: Annotated[int, typer.Option("--mirostat", help="1 or 2: Mirostat v1/v2 in place of the sampler "
                         "chain (0: off)")] = 0,
     mirostat_lr: Annotated[float, typer.Option("--mirostat-lr", help="Mirostat's learning rate, eta")] = 0.1,
@@ -133,6 +142,7 @@ def generate(
         "--top-k": top_k != 40, "--top-p": top_p != 0.95, "--min-p": min_p != 0.05, "--typical": typical != 1.0,
         "--top-nsigma": top_n_sigma > 0, "--xtc-probability": xtc_probability > 0, "--dynatemp-range": dynatemp_range > 0})
     biases = [_logit_bias(b) for b in logit_bias or ()]
+    constraint = _grammar(grammar, grammar_file, json_schema, json_schema_file)
     n_ctx, parallel = context.ctx_size, context.parallel
     if 0 < n_ctx <= PROMPT_MARGIN:  # known before the model loads
         raise InvalidInputError(f"-c {n_ctx} leaves no room for a prompt (generation keeps {PROMPT_MARGIN} cells "
@@ -167,9 +177,9 @@ def generate(
                                    typ_p=typical, top_n_sigma=top_n_sigma, xtc_probability=xtc_probability,
                                    xtc_threshold=xtc_threshold, dynatemp_range=dynatemp_range,
                                    dynatemp_exponent=dynatemp_exp, mirostat=mirostat, mirostat_tau=mirostat_ent,
-                                   mirostat_eta=mirostat_lr, chain=chain, logit_bias=tuple(biases) + eog)
+                                   mirostat_eta=mirostat_lr, grammar=constraint, chain=chain, logit_bias=tuple(biases) + eog)
     if talk:
-        sampler = Sampler(sampler_params, ctx.backend)
+        sampler = Sampler(sampler_params, ctx.backend, lm.vocab)
         if conversation:  # -p is the system message, as in llama-cli
             conv = Conversation(ctx, sampler, template, system=system if system is not None else text)
         else:
@@ -188,8 +198,8 @@ def generate(
     check_prompt(ctx, tokens)
     if context_shift:
         check_context_shift(ctx, parallel)
-    samplers = [Sampler(replace(sampler_params, seed=seed if seed == DEFAULT_SEED else seed + i), ctx.backend)
-                 for i in range(parallel)]
+    samplers = [Sampler(replace(sampler_params, seed=seed if seed == DEFAULT_SEED else seed + i), ctx.backend,
+                        lm.vocab) for i in range(parallel)]
     shown = lm.vocab.detokenize(tokens, special=special) if display_prompt else ""  # as llama-completion echoes it
     log(f"sampler seed: {', '.join(str(s.seed) for s in samplers)}\n"
         f"sampler chain: {samplers[0].describe()}\n"
@@ -238,6 +248,22 @@ def _stream_one(ctx, samplers, tokens, n_predict, shown_prompt, prompt_cache, sp
 
 def _ending(result) -> str:
     return (" [end of text]\n" if result.stop == "eog" else "") + "\n"
+
+
+def _grammar(gbnf: str | None, gbnf_file: Path | None, schema: str | None, schema_file: Path | None):
+    """The one constraint given, compiled before the model loads (core.grammar), or None."""
+    given = [(flag, value) for flag, value in (("--grammar", gbnf), ("--grammar-file", gbnf_file),
+                                               ("-j", schema), ("-jf", schema_file)) if value is not None]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise InvalidInputError(f"give one grammar: {given[0][0]} or {given[1][0]}, not both")
+    flag, value = given[0]
+    text = read_text_file(value) if isinstance(value, Path) else value
+    origin = f"{flag} {value}" if isinstance(value, Path) else flag
+    if flag in ("-j", "-jf"):
+        return compile_grammar(json_schema=text, origin=origin)
+    return compile_grammar(gbnf=text, origin=origin)
 
 
 def _check_mirostat(version: int, chain_given: bool, samplers_set: dict[str, bool]) -> None:

@@ -84,6 +84,7 @@ class Conversation:
                on_text: Callable[[str], None] | None = None, interrupted: Callable[[], bool] = lambda: False) -> Turn:
         """Sample the answer after `feed()`; its tokens stay in the cache and in the history."""
         turn = Turn("")
+        self.sampler.reset_grammar()  # each answer follows the grammar from its start
         streamer = self.vocab.streamer()
         logits = self.ctx.get_logits()
         while n_predict < 0 or len(turn.tokens) < n_predict:

@@ -80,15 +80,20 @@ class SamplerParams:
     mirostat: int = 0  # 1 or 2: Mirostat (v1, v2) in place of the chain, after the temperature
     mirostat_tau: float = 5.0  # its target surprise (bits)
     mirostat_eta: float = 0.1  # its learning rate
+    grammar: object = None  # a core.grammar.Grammar: only tokens that keep the text in it are sampled
     chain: tuple[str, ...] = CHAIN
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias) pairs; --ignore-eos puts -inf on EOG
 
 
 class Sampler:
-    def __init__(self, params: SamplerParams | None = None, ops=None):
+    def __init__(self, params: SamplerParams | None = None, ops=None, vocab=None):
+        """`vocab`: the model's vocabulary, which a grammar needs to know the tokens' text."""
         from .backend import get_backend
 
         self.params = params or SamplerParams()
+        if self.params.grammar is not None and vocab is None:
+            raise ValueError("a sampler with a grammar needs the model's vocabulary")
+        self.matcher = self.params.grammar.matcher(vocab) if self.params.grammar is not None else None
         self.ops = ops or get_backend("cpu")  # argmax and the CDF draw run where the logits are
         seed = self.params.seed
         self.seed = secrets.randbits(32) if seed == DEFAULT_SEED or seed < 0 else seed
@@ -109,10 +114,10 @@ class Sampler:
         shown = {"top_k": "top-k", "top_p": "top-p", "min_p": "min-p", "temperature": "temp-ext",
                  "typ_p": "typical", "top_n_sigma": "top-n-sigma"}
         if p.mirostat:
-            steps = ([("logit-bias", True)] if p.logit_bias else []) + \
+            steps = ([("logit-bias", True)] if p.logit_bias else []) + ([("grammar", True)] if p.grammar else []) + \
                 [("temp", True), ("mirostat" if p.mirostat == 1 else "mirostat-v2", True)]
             return "logits -> " + " -> ".join(name for name, _ in steps)
-        steps = ([("logit-bias", True)] if p.logit_bias else []) + \
+        steps = ([("logit-bias", True)] if p.logit_bias else []) + ([("grammar", True)] if p.grammar else []) + \
             [(shown.get(name, name), active.get(name, True)) for name in p.chain] + [("dist", True)]
         return "logits -> " + " -> ".join(name if on else f"?{name}" for name, on in steps)
 
@@ -122,10 +127,28 @@ class Sampler:
                                          or p.presence_penalty != 0.0)
 
     def sample(self, logits) -> int:
+        """The next token: logit bias, the grammar's mask, then the chain (or Mirostat) and the draw;
+        a grammar then takes the token."""
         p, xp = self.params, self.ops.xp
         values = xp.asarray(logits, dtype=np.float32).copy()
         for token, bias in p.logit_bias:
             values[token] += np.float32(bias)
+        if self.matcher is not None:
+            allowed = np.zeros(len(values), bool)
+            allowed[:self.matcher.n_tokens] = self.matcher.allowed()[:len(values)]
+            values[~xp.asarray(allowed)] = -np.inf
+        token = self._choose(values)
+        if self.matcher is not None:
+            self.matcher.consume(token)
+        return token
+
+    def reset_grammar(self) -> None:
+        """Start the grammar over (a new answer in a conversation)."""
+        if self.matcher is not None:
+            self.matcher.reset()
+
+    def _choose(self, values) -> int:
+        p, xp = self.params, self.ops.xp
         ids = xp.arange(len(values))
         if p.temp <= 0.0:  # greedy: the steps that can change the arg-max (penalties, plugins') only
             for name in p.chain:
