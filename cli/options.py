@@ -61,20 +61,25 @@ Device = Annotated[Optional[str], typer.Option("-dev", "--device", help="llama.c
                                                "see --backend)")]
 SplitMode = Annotated[Optional[str], typer.Option("-sm", "--split-mode", help="llama.cpp multi-GPU (no effect here)")]
 MainGpu = Annotated[Optional[int], typer.Option("-mg", "--main-gpu", help="llama.cpp multi-GPU (no effect here)")]
+KvOffload = Annotated[Optional[bool], typer.Option("-kvo/-nkvo", "--kv-offload/--no-kv-offload", help="llama.cpp "
+                                                 "GPU builds: the KV cache on the GPU or not (no effect here)",
+                                                 show_default=False)]
 NoMmap = Annotated[bool, typer.Option("--no-mmap", help="llama.cpp: read weights instead of mapping (no effect "
                                       "here: the GGUF is mapped)")]
 FA_VALUES = ("on", "off", "auto")
 
 
 def llama_cpp_flags(attn: str, gpu_layers: str | None = None, flash_attn: str = "auto", device: str | None = None,
-                    split_mode: str | None = None, main_gpu: int | None = None, no_mmap: bool = False) -> str:
+                    split_mode: str | None = None, main_gpu: int | None = None, no_mmap: bool = False,
+                    kv_offload: bool | None = None) -> str:
     """Check and report the GPU-build flags; returns the attention path (-fa off: dense)."""
     from .common import log
 
     if flash_attn not in FA_VALUES:
         raise InvalidInputError(f"-fa takes on, off or auto, not '{flash_attn}'")
     given = [(flag, value) for flag, value in (("-ngl", gpu_layers), ("-dev", device), ("-sm", split_mode),
-                                               ("-mg", main_gpu), ("--no-mmap", no_mmap or None)) if value is not None]
+                                               ("-mg", main_gpu), ("--no-mmap", no_mmap or None),
+                                               ("-kvo/-nkvo", kv_offload)) if value is not None]
     for flag, _ in given:
         log(f"note: {flag} has no effect here (it places layers on a llama.cpp GPU build; see --backend)")
     if flash_attn == "off":
@@ -139,6 +144,7 @@ class ContextOptions:
     split_mode: SplitMode = None
     main_gpu: MainGpu = None
     no_mmap: NoMmap = False
+    kv_offload: KvOffload = None
 
     @property
     def sparse(self) -> SparseParams:
@@ -147,7 +153,7 @@ class ContextOptions:
     def apply_llama_cpp_flags(self) -> ContextOptions:
         """Check and report the GPU-build flags (after -v is set); -fa off makes attention dense."""
         attn = llama_cpp_flags(self.attn, self.gpu_layers, self.flash_attn, self.device, self.split_mode,
-                               self.main_gpu, self.no_mmap)
+                               self.main_gpu, self.no_mmap, self.kv_offload)
         return replace(self, attn=attn)
 
     def params(self, **changes) -> ContextParams:

@@ -6,6 +6,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -43,11 +44,20 @@ def perplexity(
     kl_base: Annotated[Optional[Path], typer.Option("--kl-divergence-base", help="file of base log-probabilities")] = None,
     kl: Annotated[bool, typer.Option("--kl-divergence", help="compare with --kl-divergence-base")] = False,
     output: Annotated[str, typer.Option("-o", "--output", help="text or json")] = "text",
+    kv_unified: Annotated[Optional[bool], typer.Option("-kvu/-no-kvu", "--kv-unified/--no-kv-unified",
+                          help="chunks scored together share one KV buffer, or a stream each (llama.cpp's -kvu; "
+                          "--kv unified or split)", show_default=False)] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="progress bar on stderr")] = True,
 ) -> None:
     """Perplexity of a text file, chunk by chunk (llama-perplexity)."""
     opt.verbose_flag(verbose)
     context = context.apply_llama_cpp_flags()
+    if kv_unified is not None:
+        wanted = "unified" if kv_unified else "split"
+        if context.kv not in ("auto", wanted):
+            raise InvalidInputError(f"{'-kvu' if kv_unified else '-no-kvu'} asks for --kv {wanted}; it contradicts "
+                                    f"--kv {context.kv}")
+        context = replace(context, kv=wanted)
     ctx_size = context.ctx_size
     if output not in ("text", "json"):
         raise InvalidInputError(f"unknown output format '{output}' (text or json)")

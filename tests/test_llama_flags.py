@@ -319,3 +319,18 @@ def test_mirostat_replaces_the_chain_and_refuses_what_it_replaces():
     assert_one_line_error(generate("-p", "hi", "--mirostat", "2", "--top-k", "5"), "replaces the sampler chain")
     assert_one_line_error(generate("-p", "hi", "--mirostat", "1", "--samplers", "top_k"), "--samplers among it")
     assert_one_line_error(generate("-p", "hi", "--mirostat", "3"), "--mirostat takes 0")
+
+
+def test_kv_flags_as_llama_cpp_spells_them(tmp_path):
+    from conftest import tiny_path
+
+    text = tmp_path / "text.txt"
+    text.write_text("To be, or not to be, that is the question. " * 30)
+    qwen = str(tiny_path("qwen3"))
+    runs = {flag: llm("perplexity", "-m", qwen, "-f", str(text), "-c", "32", "-b", "64", flag, "-o", "json", "-nkvo")
+            for flag in ("-kvu", "-no-kvu")}
+    assert all(r.returncode == 0 for r in runs.values()), runs["-no-kvu"].stderr
+    docs = {flag: json.loads(r.stdout) for flag, r in runs.items()}  # two chunks a batch: one buffer, or two
+    assert (docs["-kvu"]["settings"]["kv"], docs["-no-kvu"]["settings"]["kv"]) == ("unified", "split")
+    assert docs["-kvu"]["final"] == pytest.approx(docs["-no-kvu"]["final"], rel=1e-3)
+    assert_one_line_error(llm("perplexity", "-m", qwen, "-f", str(text), "-kvu", "--kv", "split"), "contradicts")
