@@ -207,7 +207,8 @@ register(Op(
     cases=lambda quick: [dict(type=t, rows=64, cols=256, n=n) for t in WEIGHT_TYPES for n in (1, 7)],
 ))
 
-CACHE_ROW_TYPES = {"f32": None, "f16": None, "q8_0": T.Q8_0, "q4_0": T.Q4_0}
+CACHE_ROW_TYPES = {"f32": None, "f16": None, "q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0,
+                   "q5_1": T.Q5_1}
 
 
 def _set_rows_make(p, rng):
@@ -647,18 +648,18 @@ register(Op(
 
 # ---- FLASH_ATTN_EXT --------------------------------------------------------------------------
 
-KV_TYPES = {"f32": None, "f16": None, "q8_0": T.Q8_0}
+KV_TYPES = CACHE_ROW_TYPES
 SPARSE_SEED = 0x5A17
 
 
 def _kv_rows(rng, n_kv, n_head_kv, d, kv_type) -> np.ndarray:
-    """K or V values as the cache type holds them (rounded through f16 or q8_0)."""
+    """K or V values as the cache type holds them (rounded through f16, or a block type's blocks)."""
     x = _f32(rng, n_kv, n_head_kv, d)
     if kv_type == "f16":
         return x.astype(np.float16).astype(np.float32)
-    if kv_type == "q8_0":
-        raw = quants.quantize(x.reshape(n_kv, -1), T.Q8_0)
-        return quants.dequantize(raw, T.Q8_0).reshape(n_kv, n_head_kv, d).astype(np.float32)
+    if KV_TYPES[kv_type] is not None:
+        raw = quants.quantize(x.reshape(n_kv, -1), KV_TYPES[kv_type])
+        return quants.dequantize(raw, KV_TYPES[kv_type]).reshape(n_kv, n_head_kv, d).astype(np.float32)
     return x
 
 
@@ -757,7 +758,7 @@ def _fa_cases(quick: bool) -> list[dict]:
             continue
         cases.append(fa_params(hsk, hsv, 1 if gqa >= 8 else 2, gqa, kv, nb, v_is_view_of_k=hsk == 576))
     for variant in (dict(mask=False), dict(sinks=True), dict(softcap=10.0), dict(max_bias=8.0),
-                    dict(type_kv="q8_0"), dict(type_kv="f32"), dict(sinks=True, softcap=10.0, max_bias=8.0)):
+                    *(dict(type_kv=t) for t in KV_TYPES if t != "f16"), dict(sinks=True, softcap=10.0, max_bias=8.0)):
         for hsk, gqa, nb in ((64, 1, 8), (128, 4, 1), (128, 8, 32)):
             cases.append(fa_params(hsk, hsk, 2, gqa, 512, nb, **variant))
     for kv in (4096,):

@@ -192,7 +192,46 @@ def _quantize_q4_0(blocks: np.ndarray) -> np.ndarray:
     return np.concatenate([d.astype(np.float16).view(np.uint8), packed], axis=1)
 
 
-_QUANTIZE = {T.Q8_0: _quantize_q8_0, T.Q4_0: _quantize_q4_0}
+def _min_scale(blocks: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_1/Q5_1's block minimum, scale (max - min) / levels and its inverse (0 where the block is flat)."""
+    low, high = blocks.min(axis=1, keepdims=True), blocks.max(axis=1, keepdims=True)
+    d = (high - low) / np.float32(levels)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    return low, d, inv
+
+
+def _fifth_bits(q: np.ndarray) -> np.ndarray:
+    """Bit 4 of each of a block's 32 codes as the little-endian u32 qh (bit j for value j)."""
+    bits = ((q >> 4) & 1).astype(np.uint32) << np.arange(32, dtype=np.uint32)
+    return np.bitwise_or.reduce(bits, axis=1).astype("<u4")[:, None].view(np.uint8)
+
+
+def _quantize_q4_1(blocks: np.ndarray) -> np.ndarray:
+    low, d, inv = _min_scale(blocks, 15)
+    q = np.minimum(np.trunc((blocks - low) * inv + np.float32(0.5)), 15).astype(np.uint8)
+    halves = [x.astype(np.float16).view(np.uint8) for x in (d, low)]
+    return np.concatenate([*halves, q[:, :16] | (q[:, 16:] << 4)], axis=1)
+
+
+def _quantize_q5_0(blocks: np.ndarray) -> np.ndarray:
+    signed_max = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None], axis=1)
+    d = signed_max / np.float32(-16)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    q = np.minimum(np.trunc(blocks * inv + np.float32(16.5)), 31).astype(np.uint8)
+    return np.concatenate([d.astype(np.float16).view(np.uint8), _fifth_bits(q),
+                           (q[:, :16] & 15) | ((q[:, 16:] & 15) << 4)], axis=1)
+
+
+def _quantize_q5_1(blocks: np.ndarray) -> np.ndarray:
+    low, d, inv = _min_scale(blocks, 31)
+    q = np.trunc((blocks - low) * inv + np.float32(0.5)).astype(np.uint8)  # ggml does not clamp here
+    halves = [x.astype(np.float16).view(np.uint8) for x in (d, low)]
+    return np.concatenate([*halves, _fifth_bits(q), (q[:, :16] & 15) | ((q[:, 16:] & 15) << 4)], axis=1)
+
+
+# ggml-cpu's from_float for a cache row is the reference quantizer of ggml-quants.c for these types
+_QUANTIZE = {T.Q8_0: _quantize_q8_0, T.Q4_0: _quantize_q4_0, T.Q4_1: _quantize_q4_1, T.Q5_0: _quantize_q5_0,
+             T.Q5_1: _quantize_q5_1}
 QUANTIZABLE_TYPES = frozenset(_QUANTIZE)
 
 

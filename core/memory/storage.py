@@ -1,7 +1,7 @@
 """Where a cache keeps one layer's K or V rows: `[stream, cell, row]` in the chosen cache type.
 
-f32 and f16 rows are plain arrays; q8_0 and q4_0 rows are ggml blocks (so a state file can
-carry them as they are). Reads always give float32.
+f32 and f16 rows are plain arrays; q8_0, q4_0, q4_1, q5_0 and q5_1 rows are ggml blocks (so a
+state file can carry them as they are). Reads always give float32.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from ..backend.weights import BlockRows
 from ..quants import dequantize_rows, quantize_rows
 
 FLOAT_TYPES = {"f32": np.float32, "f16": np.float16}
-BLOCK_TYPES = {"q8_0": T.Q8_0, "q4_0": T.Q4_0}
+BLOCK_TYPES = {"q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0, "q5_1": T.Q5_1}
 CACHE_TYPES = tuple(FLOAT_TYPES) + tuple(BLOCK_TYPES)
 
 
