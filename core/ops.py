@@ -207,7 +207,7 @@ register(Op(
     cases=lambda quick: [dict(type=t, rows=64, cols=256, n=n) for t in WEIGHT_TYPES for n in (1, 7)],
 ))
 
-CACHE_ROW_TYPES = {"f32": None, "f16": None, "q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0,
+CACHE_ROW_TYPES = {"f32": None, "f16": None, "bf16": T.BF16, "q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0,
                    "q5_1": T.Q5_1}
 
 
@@ -216,7 +216,8 @@ def _set_rows_make(p, rng):
     if p["type"] == "f16":
         dst = dst.astype(np.float16)
     elif CACHE_ROW_TYPES[p["type"]] is not None:
-        dst = np.zeros((p["rows"], p["cols"] // 32 * GGML_QUANT_SIZES[CACHE_ROW_TYPES[p["type"]]][1]), np.uint8)
+        block, type_size = GGML_QUANT_SIZES[CACHE_ROW_TYPES[p["type"]]]
+        dst = np.zeros((p["rows"], p["cols"] // block * type_size), np.uint8)
     return dict(dst=dst, src=_f32(rng, p["n"], p["cols"]),
                 ids=rng.choice(p["rows"], p["n"], replace=False).astype(np.int64))
 

@@ -128,7 +128,12 @@ def _dequant_q3_k(b):
     return ((d * sc)[:, :, None] * q.reshape(n, 16, 16).astype(np.float32)).reshape(n, 256)
 
 
+def _dequant_bf16(b):
+    return (b.view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
 _FAST = {
+    T.BF16: _dequant_bf16,
     T.Q4_0: _dequant_q4_0, T.Q4_1: _dequant_q4_1,
     T.Q5_0: _dequant_q5_0, T.Q5_1: _dequant_q5_1,
     T.Q8_0: _dequant_q8_0,
@@ -229,14 +234,22 @@ def _quantize_q5_1(blocks: np.ndarray) -> np.ndarray:
     return np.concatenate([*halves, _fifth_bits(q), (q[:, :16] & 15) | ((q[:, 16:] & 15) << 4)], axis=1)
 
 
+def _quantize_bf16(values: np.ndarray) -> np.ndarray:
+    """ggml's f32 → bf16: round to nearest even, a NaN kept quiet (blocks of one value)."""
+    bits = values.view(np.uint32)
+    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    rounded = (bits.astype(np.uint64) + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return np.where(nan, (bits >> 16) | 64, rounded).astype(np.uint16).view(np.uint8)
+
+
 # ggml-cpu's from_float for a cache row is the reference quantizer of ggml-quants.c for these types
-_QUANTIZE = {T.Q8_0: _quantize_q8_0, T.Q4_0: _quantize_q4_0, T.Q4_1: _quantize_q4_1, T.Q5_0: _quantize_q5_0,
+_QUANTIZE = {T.BF16: _quantize_bf16, T.Q8_0: _quantize_q8_0, T.Q4_0: _quantize_q4_0, T.Q4_1: _quantize_q4_1, T.Q5_0: _quantize_q5_0,
              T.Q5_1: _quantize_q5_1}
 QUANTIZABLE_TYPES = frozenset(_QUANTIZE)
 
 
 def quantize_rows(rows: np.ndarray, qtype: T) -> np.ndarray:
-    """(n, dim) float → (n, dim / 32 * type_size) uint8 ggml blocks."""
+    """(n, dim) float → (n, dim / block * type_size) uint8 ggml blocks (bf16: blocks of one value)."""
     block, type_size = GGML_QUANT_SIZES[qtype]
     n = len(rows)
     blocks = np.ascontiguousarray(rows, dtype=np.float32).reshape(-1, block)

@@ -196,7 +196,7 @@ def test_seq_add_below_zero_frees_cells():
     assert cache.cells[0].used() == 2 and cache.seq_pos_min(0) == 0
 
 
-@pytest.mark.parametrize("type_name", ["f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"])
+@pytest.mark.parametrize("type_name", ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"])
 def test_state_round_trip(type_name):
     cache = KVCache(LAYERS, kv_size=16, type_k=type_name, type_v=type_name)
     commit(cache, [3, 1, 4, 1, 5])

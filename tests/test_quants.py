@@ -107,12 +107,16 @@ def test_ggml_numerics_equal_ggml_integer_dot(qtype, n_rows):
     np.testing.assert_allclose(ours, want, rtol=0, atol=2e-5 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1], ids=lambda t: t.name)
 def test_cache_rows_quantize_as_ggml_bit_for_bit(qtype):
     """A cache row is stored as ggml-cpu stores it (ggml-quants.c's reference quantizers, which
     gguf-py's quantize mirrors): flat blocks, constant blocks and large values included."""
-    from llmsuite.core.quants import quantize_rows
+    from llmsuite.core.quants import dequantize_rows, quantize_rows
 
     rows = np.random.default_rng(int(qtype)).standard_normal((24, 256)).astype(np.float32)
     rows[1, :32], rows[2, 32:64], rows[3] = 0.0, 1.5, rows[3] * 300
+    if qtype == T.BF16:
+        rows[4, :3] = np.nan, np.inf, 1.00390625  # a NaN stays one, a tie rounds to even
     np.testing.assert_array_equal(quantize_rows(rows, qtype), quants.quantize(rows, qtype))
+    assert np.array_equal(dequantize_rows(quantize_rows(rows, qtype), qtype),
+                          quants.dequantize(quants.quantize(rows, qtype), qtype), equal_nan=True)

@@ -14,7 +14,9 @@ from ..backend.weights import BlockRows
 from ..quants import dequantize_rows, quantize_rows
 
 FLOAT_TYPES = {"f32": np.float32, "f16": np.float16}
-BLOCK_TYPES = {"q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0, "q5_1": T.Q5_1}
+# bf16 is kept as one-value blocks of its bits (NumPy has no bfloat16): attention reads it as it reads
+# the block types, converting the cells it sees
+BLOCK_TYPES = {"bf16": T.BF16, "q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0, "q5_1": T.Q5_1}
 CACHE_TYPES = tuple(FLOAT_TYPES) + tuple(BLOCK_TYPES)
 
 
@@ -22,7 +24,8 @@ def check_cache_type(name: str, dim: int | None = None) -> None:
     if name not in CACHE_TYPES:
         raise InvalidInputError(f"unsupported cache type '{name}' (supported: {', '.join(CACHE_TYPES)})")
     if dim is not None and name in BLOCK_TYPES and dim % GGML_QUANT_SIZES[BLOCK_TYPES[name]][0]:
-        raise InvalidInputError(f"cache type {name} needs rows that are a multiple of 32 values; this model's are {dim}")
+        raise InvalidInputError(f"cache type {name} needs rows that are a multiple of "
+                                f"{GGML_QUANT_SIZES[BLOCK_TYPES[name]][0]} values; this model's are {dim}")
 
 
 def row_bytes(type_name: str, dim: int) -> int:
