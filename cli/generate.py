@@ -21,7 +21,7 @@ from llmsuite.core.graph import AttnStats
 from llmsuite.core.errors import InvalidInputError
 from llmsuite.core.generation import (PROMPT_MARGIN, check_context_shift, check_prompt, generate as run_generation,
                                      stream_text)
-from llmsuite.core.sampling import CHAIN, DEFAULT_SEED, Sampler, SamplerParams, parse_samplers
+from llmsuite.core.sampling import CHAIN, DEFAULT_SEED, DRY_BREAKERS, Sampler, SamplerParams, parse_samplers
 
 from . import options as opt
 from .common import err_console, log, open_model, read_text_file, resolve, settings
@@ -74,12 +74,23 @@ def generate(
                            "must follow (e.g. '{\"type\": \"object\"}')")] = None,
     json_schema_file: Annotated[Optional[Path], typer.Option("-jf", "--json-schema-file", help="read the JSON "
                                 "schema from a file")] = None,
+    dry_multiplier: Annotated[float, typer.Option("--dry-multiplier", help="DRY: penalize tokens that extend a "
+                              "repetition by this · base^(length - allowed length) (0.0: off)")] = 0.0,
+    dry_base: Annotated[float, typer.Option("--dry-base", help="DRY's base (values below 1 are ignored, as "
+                        "llama.cpp)")] = 1.75,
+    dry_allowed_length: Annotated[int, typer.Option("--dry-allowed-length", help="DRY: repetitions longer than "
+                                  "this are penalized")] = 2,
+    dry_penalty_last_n: Annotated[int, typer.Option("--dry-penalty-last-n", help="DRY: tokens scanned for "
+                                  "repetitions (0: off)")] = 64,
+    dry_sequence_breaker: Annotated[Optional[list[str]], typer.Option("--dry-sequence-breaker", help="a text "
+                                    "that ends a repetition, in place of the defaults \\n : \" * (repeatable; "
+                                    "'none': no breakers)")] = None,
     mirostat: Annotated[int, typer.Option("--mirostat", help="1 or 2: Mirostat v1/v2 in place of the sampler "
                         "chain (0: off)")] = 0,
     mirostat_lr: Annotated[float, typer.Option("--mirostat-lr", help="Mirostat's learning rate, eta")] = 0.1,
     mirostat_ent: Annotated[float, typer.Option("--mirostat-ent", help="Mirostat's target entropy, tau")] = 5.0,
     samplers: Annotated[str, typer.Option("--samplers", help="the sampler chain in order, ';'-separated, from "
-                        "<samplers> (llama.cpp's dry is accepted and idle)")] = ";".join(CHAIN),
+                        "<samplers>")] = ";".join(CHAIN),
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="never sample end-of-generation tokens")] = False,
     logit_bias: Annotated[Optional[list[str]], typer.Option("-l", "--logit-bias", metavar="TOKEN_ID(+/-)BIAS",
                           help="add BIAS to a token's logit before sampling, e.g. 15043+1 or 15043-inf "
@@ -140,9 +151,14 @@ def generate(
     chain = parse_samplers(samplers)
     _check_mirostat(mirostat, samplers != ";".join(CHAIN), {
         "--top-k": top_k != 40, "--top-p": top_p != 0.95, "--min-p": min_p != 0.05, "--typical": typical != 1.0,
-        "--top-nsigma": top_n_sigma > 0, "--xtc-probability": xtc_probability > 0, "--dynatemp-range": dynatemp_range > 0})
+        "--top-nsigma": top_n_sigma > 0, "--xtc-probability": xtc_probability > 0, "--dynatemp-range": dynatemp_range > 0,
+        "--dry-multiplier": dry_multiplier != 0})
     biases = [_logit_bias(b) for b in logit_bias or ()]
     constraint = _grammar(grammar, grammar_file, json_schema, json_schema_file)
+    if dry_penalty_last_n < 0:
+        raise InvalidInputError(f"--dry-penalty-last-n must be >= 0, not {dry_penalty_last_n}")
+    breakers = DRY_BREAKERS if dry_sequence_breaker is None else tuple(
+        opt.process_escapes(b) for b in dry_sequence_breaker if b != "none")
     n_ctx, parallel = context.ctx_size, context.parallel
     if 0 < n_ctx <= PROMPT_MARGIN:  # known before the model loads
         raise InvalidInputError(f"-c {n_ctx} leaves no room for a prompt (generation keeps {PROMPT_MARGIN} cells "
@@ -177,7 +193,10 @@ def generate(
                                    typ_p=typical, top_n_sigma=top_n_sigma, xtc_probability=xtc_probability,
                                    xtc_threshold=xtc_threshold, dynatemp_range=dynatemp_range,
                                    dynatemp_exponent=dynatemp_exp, mirostat=mirostat, mirostat_tau=mirostat_ent,
-                                   mirostat_eta=mirostat_lr, grammar=constraint, chain=chain, logit_bias=tuple(biases) + eog)
+                                   mirostat_eta=mirostat_lr, grammar=constraint, chain=chain,
+                                   dry_multiplier=dry_multiplier, dry_base=dry_base if dry_base >= 1.0 else 1.75,
+                                   dry_allowed_length=dry_allowed_length, dry_penalty_last_n=dry_penalty_last_n,
+                                   dry_sequence_breakers=breakers, logit_bias=tuple(biases) + eog)
     if talk:
         sampler = Sampler(sampler_params, ctx.backend, lm.vocab)
         if conversation:  # -p is the system message, as in llama-cli

@@ -45,7 +45,8 @@ def sampler(model_or_ctx: Model | Context, samplers: str | None = None, **option
     params = SamplerParams(**options)
     if samplers is not None:
         params = replace(params, chain=parse_samplers(samplers))
-    return Sampler(params, model_or_ctx.backend)
+    vocab = model_or_ctx.vocab if isinstance(model_or_ctx, Model) else model_or_ctx.model.vocab
+    return Sampler(params, model_or_ctx.backend, vocab)
 
 
 def stream_generate(model: Model | Context, prompt: str, n_predict: int = -1, *, special: bool = False,

@@ -22,10 +22,9 @@ import numpy as np
 from .plugins import from_plugin, register
 
 DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp: "use a random seed"
-# llama.cpp's default chain (common.h), less dry
-CHAIN = ("penalties", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
-# llama.cpp's samplers not built here yet: accepted in --samplers (its default chain names dry) and idle
-IDLE = ("dry",)
+CHAIN = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")  # llama.cpp's
+DRY_BREAKERS = ("\n", ":", "\"", "*")  # llama.cpp's default sequence breakers
+DRY_MAX_BREAKER_CHARS, DRY_MAX_TAIL_TOKENS = 40, 20  # llama.cpp's bounds on a breaker
 ALIASES = {"top-k": "top_k", "top-p": "top_p", "nucleus": "top_p", "min-p": "min_p", "temp": "temperature",
            "typical": "typ_p", "typical-p": "typ_p", "typ-p": "typ_p", "typ": "typ_p", "top-n-sigma": "top_n_sigma"}
 
@@ -44,8 +43,8 @@ def sampler_step(name: str):
 
 
 def sampler_names() -> tuple[str, ...]:
-    """Every name --samplers takes now: the chain's, plugins', and llama.cpp's idle ones."""
-    return (*SAMPLERS, *IDLE)
+    """Every name --samplers takes now: llama.cpp's and plugins'."""
+    return tuple(SAMPLERS)
 
 
 def parse_samplers(spec: str) -> tuple[str, ...]:
@@ -56,7 +55,7 @@ def parse_samplers(spec: str) -> tuple[str, ...]:
     unknown = [n for n in names if n not in sampler_names()]
     if unknown:
         raise InvalidInputError(f"--samplers: unknown sampler '{unknown[0]}' (known: {', '.join(sampler_names())})")
-    return tuple(n for n in names if n in SAMPLERS)
+    return tuple(names)
 
 
 @dataclass
@@ -77,6 +76,11 @@ class SamplerParams:
     xtc_threshold: float = 0.1  # ... and above which probability (> 0.5: off)
     dynatemp_range: float = 0.0  # dynamic temperature: temp ± range by the candidates' entropy (0.0: off)
     dynatemp_exponent: float = 1.0
+    dry_multiplier: float = 0.0  # DRY: penalize tokens that extend a repetition (0.0: off)
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64  # tokens scanned (-1: all of them; 0: off)
+    dry_sequence_breakers: tuple[str, ...] = DRY_BREAKERS
     mirostat: int = 0  # 1 or 2: Mirostat (v1, v2) in place of the chain, after the temperature
     mirostat_tau: float = 5.0  # its target surprise (bits)
     mirostat_eta: float = 0.1  # its learning rate
@@ -100,17 +104,21 @@ class Sampler:
         self.rng = np.random.default_rng(self.seed)
         self.history: deque[int] = deque(maxlen=max(self.params.repeat_last_n, 0) or None)
         self.mu = 2.0 * self.params.mirostat_tau  # Mirostat's running surprise bound
+        self.dry = _Dry(self.params, vocab) if _dry_active(self.params) else None
 
     def accept(self, token: int) -> None:
         if self.params.repeat_last_n != 0:
             self.history.append(int(token))
+        if self.dry is not None:
+            self.dry.tokens.append(int(token))
 
     def describe(self) -> str:
         """The chain as llama.cpp prints it; disabled steps carry a leading '?'."""
         p = self.params
         active = {"penalties": self._penalties_active(), "top_k": p.top_k > 0, "top_p": p.top_p < 1.0,
                   "min_p": p.min_p > 0.0, "temperature": True, "typ_p": p.typ_p < 1.0,
-                  "top_n_sigma": p.top_n_sigma > 0.0, "xtc": p.xtc_probability > 0.0 and p.xtc_threshold <= 0.5}
+                  "top_n_sigma": p.top_n_sigma > 0.0, "xtc": p.xtc_probability > 0.0 and p.xtc_threshold <= 0.5,
+                  "dry": self.dry is not None}
         shown = {"top_k": "top-k", "top_p": "top-p", "min_p": "min-p", "temperature": "temp-ext",
                  "typ_p": "typical", "top_n_sigma": "top-n-sigma"}
         if p.mirostat:
@@ -238,6 +246,23 @@ class Sampler:
                 return ids[best:best + 1], values[best:best + 1]
         return ids, values / np.float32(temp)
 
+    @sampler_step("dry")
+    def _dry(self, ids, values):
+        """DRY: a token that would extend a sequence already seen (after at least dry_allowed_length
+        tokens of it) loses dry_multiplier · dry_base^(length - dry_allowed_length) of its logit;
+        the repetition is cut at the last sequence breaker."""
+        if self.dry is None:
+            return ids, values
+        penalties = self.dry.penalties()
+        if not penalties:
+            return ids, values
+        xp = self.ops.xp
+        tokens = np.fromiter(penalties, dtype=np.int64)
+        amounts = np.fromiter(penalties.values(), dtype=np.float32)
+        full = np.zeros(max(int(tokens.max()), int(ids.max())) + 1, dtype=np.float32)
+        full[tokens] = amounts
+        return ids, (values - xp.asarray(full)[ids]).astype(np.float32)
+
     @sampler_step("typ_p")
     def _typical(self, ids, values):
         """Locally typical sampling: the candidates whose surprise (-log p) is nearest the entropy,
@@ -318,3 +343,81 @@ class Sampler:
 def _softmax(xp, x):
     e = xp.exp(x - x.max())
     return e / e.sum()
+
+
+def _dry_active(p: SamplerParams) -> bool:
+    return p.dry_multiplier != 0.0 and p.dry_base >= 1.0 and p.dry_penalty_last_n != 0
+
+
+class _Dry:
+    """DRY's state (llama.cpp's, ported from koboldcpp): the last tokens, and the breakers as token
+    sequences: a token holding a breaker's text ends a repetition alone; a token ending in the
+    start of a breaker does where the rest of it follows."""
+
+    def __init__(self, p: SamplerParams, vocab):
+        if vocab is None:
+            raise ValueError("DRY needs the model's vocabulary for its sequence breakers")
+        self.p = p
+        self.tokens: deque[int] = deque(maxlen=None if p.dry_penalty_last_n < 0 else p.dry_penalty_last_n)
+        self.breakers: dict[int, list[tuple[int, ...]]] = {}
+        pieces = [vocab.token_to_piece(t, True) for t in range(vocab.n_tokens)]
+        for breaker in p.dry_sequence_breakers:
+            self._add_breaker(breaker.encode()[:DRY_MAX_BREAKER_CHARS], pieces, vocab)
+
+    def _add_breaker(self, text: bytes, pieces: list[bytes], vocab) -> None:
+        if not text:
+            return
+        for token, word in enumerate(pieces):
+            if text in word:
+                self._add(token, ())
+                continue
+            pos = word.find(text[:1])
+            while pos >= 0:
+                i = 1
+                while i < len(text) and pos + i < len(word) and word[pos + i] == text[i]:
+                    i += 1
+                if i == len(text) or pos + i == len(word):  # the word ends in the breaker's start
+                    tail = vocab.tokenize(text[i:].decode("utf-8", "replace"), add_special=False, parse_special=False)
+                    self._add(token, tuple(tail[:DRY_MAX_TAIL_TOKENS]))
+                pos = word.find(text[:1], pos + 1)
+
+    def _add(self, token: int, tail: tuple[int, ...]) -> None:
+        tails = self.breakers.setdefault(token, [])
+        if tail not in tails:
+            tails.append(tail)
+
+    def penalties(self) -> dict[int, float]:
+        """{token: how much its logit loses}, from the last tokens."""
+        p, last = self.p, list(self.tokens)[::-1]  # last[0] is the newest
+        n = len(last)
+        if n <= p.dry_allowed_length:
+            return {}
+        limit = self._repetition_limit(last)
+        if limit < p.dry_allowed_length:
+            return {}
+        longest: dict[int, int] = {}
+        for k in range(1, n):  # how far the newest tokens repeat from k tokens back
+            length = 0
+            while length + k < n and last[length] == last[length + k]:
+                length += 1
+            length = min(length, limit)
+            if length >= p.dry_allowed_length:
+                follower = last[k - 1]  # what came after that earlier occurrence
+                longest[follower] = max(longest.get(follower, 0), length)
+        top = int(88.7228391 / np.log(p.dry_base)) if p.dry_base > 1.000001 else 0
+        out = {}
+        for token, length in longest.items():
+            if () in self.breakers.get(token, []):  # a breaker by itself is never penalized
+                continue
+            exponent = length - p.dry_allowed_length
+            out[token] = p.dry_multiplier * p.dry_base ** (min(exponent, top) if top > 0 else exponent)
+        return out
+
+    def _repetition_limit(self, last: list[int]) -> int:
+        """How many of the newest tokens a repetition may span: up to the newest breaker."""
+        for i, token in enumerate(last):
+            matched = [len(tail) for tail in self.breakers.get(token, [])
+                       if len(tail) <= i and all(tail[j] == last[i - j - 1] for j in range(len(tail)))]
+            if matched:
+                return i - max(matched)
+        return len(last)

@@ -39,13 +39,17 @@ def test_verbose_after_the_subcommand_and_the_sampler_flags():
     r = generate("-p", "hi", "-n", "1", "-v", "--samplers", "top_k;dry;temperature", "--ignore-eos",
                  "--presence-penalty", "0.5", "--frequency-penalty", "0.25")
     assert r.returncode == 0, r.stderr
-    assert "sampler chain: logits -> logit-bias -> top-k -> temp-ext -> dist" in r.stderr
+    assert "sampler chain: logits -> logit-bias -> top-k -> ?dry -> temp-ext -> dist" in r.stderr
     r = generate("-p", "hi", "-n", "2", "-v", "--temp", "0.8", "-s", "3", "--typical", "0.9", "--top-nsigma", "1.5",
                  "--xtc-probability", "0.5", "--xtc-threshold", "0.2", "--dynatemp-range", "0.3", "--dynatemp-exp", "1.5")
     assert r.returncode == 0, r.stderr
     assert "-> top-n-sigma -> top-k -> typical -> top-p -> min-p -> xtc -> temp-ext -> dist" in r.stderr
+    r = generate("-p", "hi", "-n", "2", "-v", "--dry-multiplier", "0.8", "--dry-sequence-breaker", "\\n",
+                 "--dry-sequence-breaker", "none", "--dry-penalty-last-n", "32")
+    assert r.returncode == 0 and "logits -> ?penalties -> dry -> ?top-n-sigma" in r.stderr, r.stderr
+    assert_one_line_error(generate("-p", "hi", "--dry-penalty-last-n", "-1"), "--dry-penalty-last-n must be >= 0")
     r = generate("-p", "hi", "-n", "1", "-v", "--presence-penalty", "0.5")
-    assert "logits -> penalties -> ?top-n-sigma -> top-k" in r.stderr
+    assert "logits -> penalties -> ?dry -> ?top-n-sigma -> top-k" in r.stderr
 
 
 @pytest.mark.parametrize("flags, note", [

@@ -74,7 +74,7 @@ def test_samplers_flag_orders_and_prunes_the_chain():
     from llmsuite.core.sampling import parse_samplers
 
     assert parse_samplers("penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature") == \
-        CHAIN  # llama.cpp's default: dry, not built here, drops out
+        CHAIN  # llama.cpp's default chain
     assert parse_samplers("temp;top-k") == ("temperature", "top_k")
     with pytest.raises(InvalidInputError, match="unknown sampler 'mirostat9'"):
         parse_samplers("top_k;mirostat9")
@@ -88,10 +88,10 @@ def test_samplers_flag_orders_and_prunes_the_chain():
 
 
 @pytest.mark.parametrize("params, chain", [
-    (SamplerParams(), "logits -> ?penalties -> ?top-n-sigma -> top-k -> ?typical -> top-p -> min-p -> ?xtc -> "
-                      "temp-ext -> dist"),
+    (SamplerParams(), "logits -> ?penalties -> ?dry -> ?top-n-sigma -> top-k -> ?typical -> top-p -> min-p -> ?xtc "
+                      "-> temp-ext -> dist"),
     (SamplerParams(repeat_penalty=1.1, top_k=0, typ_p=0.9, top_n_sigma=1.0, xtc_probability=0.5),
-     "logits -> penalties -> top-n-sigma -> ?top-k -> typical -> top-p -> min-p -> xtc -> temp-ext -> dist"),
+     "logits -> penalties -> ?dry -> top-n-sigma -> ?top-k -> typical -> top-p -> min-p -> xtc -> temp-ext -> dist"),
 ])
 def test_chain_description(params, chain):
     assert Sampler(params).describe() == chain
@@ -164,3 +164,42 @@ def test_mirostat_v1_keeps_the_top_k_of_its_zipf_estimate():
         drawn = {sampler.sample(logits) for _ in range(2000)}
         assert max(drawn) == k - 1  # the k-th token is drawn, none after it
     assert Sampler(SamplerParams(mirostat=2)).describe() == "logits -> temp -> mirostat-v2"
+
+
+class CharVocab:
+    """One token per character of `chars`."""
+
+    def __init__(self, chars):
+        self.chars, self.n_tokens = chars, len(chars)
+
+    def token_to_piece(self, token, special=False):
+        return self.chars[token].encode()
+
+    def tokenize(self, text, add_special=False, parse_special=False):
+        return [self.chars.index(c) for c in text]
+
+
+def dry_after(history: str, breakers=("\n",), **params):
+    vocab = CharVocab("abcyx\n")
+    settings = dict(dry_multiplier=0.8, dry_base=2.0, dry_allowed_length=2, dry_sequence_breakers=breakers) | params
+    sampler = Sampler(SamplerParams(**settings), vocab=vocab)
+    for ch in history:
+        sampler.accept(vocab.chars.index(ch))
+    _, values = sampler._dry(np.arange(6), np.zeros(6, np.float32))
+    return dict(zip(vocab.chars, (-values).tolist()))
+
+
+def test_dry_penalizes_what_would_extend_a_repetition():
+    # llama.cpp's own example: after "abccbcyabc", "abc" repeats from the start (3 tokens: 'c' would
+    # make it 4) and "bc" from the middle (2 tokens: 'y' would make it 3); 'b' would extend only "c"
+    penalties = dry_after("abccbcyabc")
+    assert penalties == pytest.approx({"a": 0, "b": 0, "c": 0.8 * 2.0 ** (3 - 2), "y": 0.8 * 2.0 ** 0, "x": 0,
+                                       "\n": 0})
+    assert dry_after("abccbcyabc", dry_multiplier=0.0) == dict.fromkeys("abcyx\n", 0.0)  # off
+
+
+def test_dry_stops_a_repetition_at_a_breaker():
+    assert dry_after("abcxabc")["x"] == pytest.approx(0.8 * 2.0)  # "abc" repeats: 'x' would extend it
+    assert dry_after("abc\nabc")["\n"] == 0  # a breaker is never penalized itself
+    assert all(v == 0 for v in dry_after("abcxabc", breakers=("ab",)).values())  # "a" then "b": a breaker
+    assert dry_after("abcxabc", dry_penalty_last_n=3)["x"] == 0  # only the last three tokens are scanned
