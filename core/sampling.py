@@ -23,6 +23,9 @@ from .plugins import from_plugin, register
 
 DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp: "use a random seed"
 CHAIN = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")  # llama.cpp's
+# the steps that may move the most likely token (top-k, top-p, min-p, top-n-sigma always keep it):
+# at --temp 0 only these run before the arg-max, as llama.cpp's chain would leave it
+ARGMAX_CHANGING = frozenset({"penalties", "dry", "typ_p", "xtc"})
 DRY_BREAKERS = ("\n", ":", "\"", "*")  # llama.cpp's default sequence breakers
 DRY_MAX_BREAKER_CHARS, DRY_MAX_TAIL_TOKENS = 40, 20  # llama.cpp's bounds on a breaker
 ALIASES = {"top-k": "top_k", "top-p": "top_p", "nucleus": "top_p", "min-p": "min_p", "temp": "temperature",
@@ -158,9 +161,9 @@ class Sampler:
     def _choose(self, values) -> int:
         p, xp = self.params, self.ops.xp
         ids = xp.arange(len(values))
-        if p.temp <= 0.0:  # greedy: the steps that can change the arg-max (penalties, plugins') only
+        if p.temp <= 0.0:  # greedy: the steps that can change the arg-max only (the others keep it)
             for name in p.chain:
-                if name == "penalties" or from_plugin("sampler", name):
+                if name in ARGMAX_CHANGING or from_plugin("sampler", name):
                     ids, values = self._step(name, ids, values)
             return int(ids[self.ops.argmax(values)])
         if p.mirostat:

@@ -203,3 +203,10 @@ def test_dry_stops_a_repetition_at_a_breaker():
     assert dry_after("abc\nabc")["\n"] == 0  # a breaker is never penalized itself
     assert all(v == 0 for v in dry_after("abcxabc", breakers=("ab",)).values())  # "a" then "b": a breaker
     assert dry_after("abcxabc", dry_penalty_last_n=3)["x"] == 0  # only the last three tokens are scanned
+
+
+def test_greedy_runs_the_steps_that_can_move_the_arg_max():
+    probs = np.log(np.array([0.4, 0.3, 0.2, 0.1], np.float32))
+    assert Sampler(SamplerParams(temp=0.0)).sample(probs) == 0
+    assert Sampler(SamplerParams(temp=0.0, xtc_probability=1.0, xtc_threshold=0.25)).sample(probs) == 1  # 0 dropped
+    assert Sampler(SamplerParams(temp=0.0, typ_p=0.3)).sample(PROBS) == 1  # the typical set is tokens 1 and 2
