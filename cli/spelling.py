@@ -17,10 +17,11 @@ from typer.core import TyperCommand
 NUMBER = re.compile(r"-\d|-\.\d|-inf$|-nan$")  # a negative value given where an argument is expected
 
 
-def undeclared(command, args: list[str]) -> str | None:
-    """The first argument of `args` that looks like a flag and is none of `command`'s, or None."""
+def undeclared(params, args: list[str]) -> str | None:
+    """The first argument of `args` that looks like a flag and is none of `params`' (a command's
+    parameters, its help option among them), or None."""
     takes_value = {}
-    for param in command.params:
+    for param in params:
         for name in (*getattr(param, "opts", ()), *getattr(param, "secondary_opts", ())):
             if name.startswith("-"):
                 takes_value[name] = not (getattr(param, "is_flag", False) or getattr(param, "count", False))
@@ -44,7 +45,7 @@ class LlamaSpelledCommand(TyperCommand):
     """A Typer command whose flags are read whole (module docstring)."""
 
     def parse_args(self, ctx, args):
-        name = undeclared(self, args)
+        name = undeclared(self.get_params(ctx), args)
         if name is not None:
             raise NoSuchOption(name, ctx=ctx)
         return super().parse_args(ctx, args)

@@ -338,3 +338,11 @@ def test_kv_flags_as_llama_cpp_spells_them(tmp_path):
     assert (docs["-kvu"]["settings"]["kv"], docs["-no-kvu"]["settings"]["kv"]) == ("unified", "split")
     assert docs["-kvu"]["final"] == pytest.approx(docs["-no-kvu"]["final"], rel=1e-3)
     assert_one_line_error(llm("perplexity", "-m", qwen, "-f", str(text), "-kvu", "--kv", "split"), "contradicts")
+
+
+def test_help_is_a_flag_of_every_subcommand():
+    from llmsuite.cli.main import run
+
+    for subcommand in ("generate", "embed", "bench", "batched-bench", "perplexity", "test-ops", "tokenize"):
+        for flag in ("-h", "--help"):
+            assert run([subcommand, flag]) == 0
