@@ -15,6 +15,7 @@ from __future__ import annotations
 import secrets
 from collections import deque
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 import numpy as np
@@ -348,31 +349,25 @@ def _softmax(xp, x):
     return e / e.sum()
 
 
-def _dry_active(p: SamplerParams) -> bool:
-    return p.dry_multiplier != 0.0 and p.dry_base >= 1.0 and p.dry_penalty_last_n != 0
+@lru_cache(maxsize=8)
+def _dry_breakers(vocab, breakers: tuple[str, ...]) -> dict[int, list[tuple[int, ...]]]:
+    """DRY's breakers as token sequences, {token: [tails]}, made once per vocabulary and breakers
+    (the -np sequences' samplers share them): a token holding a breaker's text breaks alone (empty
+    tail); a token ending in the start of a breaker breaks where the rest of it follows."""
+    found: dict[int, list[tuple[int, ...]]] = {}
 
+    def add(token: int, tail: tuple[int, ...]) -> None:
+        if tail not in found.setdefault(token, []):
+            found[token].append(tail)
 
-class _Dry:
-    """DRY's state (llama.cpp's, ported from koboldcpp): the last tokens, and the breakers as token
-    sequences: a token holding a breaker's text ends a repetition alone; a token ending in the
-    start of a breaker does where the rest of it follows."""
-
-    def __init__(self, p: SamplerParams, vocab):
-        if vocab is None:
-            raise ValueError("DRY needs the model's vocabulary for its sequence breakers")
-        self.p = p
-        self.tokens: deque[int] = deque(maxlen=None if p.dry_penalty_last_n < 0 else p.dry_penalty_last_n)
-        self.breakers: dict[int, list[tuple[int, ...]]] = {}
-        pieces = [vocab.token_to_piece(t, True) for t in range(vocab.n_tokens)]
-        for breaker in p.dry_sequence_breakers:
-            self._add_breaker(breaker.encode()[:DRY_MAX_BREAKER_CHARS], pieces, vocab)
-
-    def _add_breaker(self, text: bytes, pieces: list[bytes], vocab) -> None:
-        if not text:
-            return
+    pieces = [vocab.token_to_piece(t, True) for t in range(vocab.n_tokens)]
+    for breaker in breakers:
+        text = breaker.encode()[:DRY_MAX_BREAKER_CHARS]
         for token, word in enumerate(pieces):
+            if not text:
+                break
             if text in word:
-                self._add(token, ())
+                add(token, ())
                 continue
             pos = word.find(text[:1])
             while pos >= 0:
@@ -381,13 +376,25 @@ class _Dry:
                     i += 1
                 if i == len(text) or pos + i == len(word):  # the word ends in the breaker's start
                     tail = vocab.tokenize(text[i:].decode("utf-8", "replace"), add_special=False, parse_special=False)
-                    self._add(token, tuple(tail[:DRY_MAX_TAIL_TOKENS]))
+                    add(token, tuple(tail[:DRY_MAX_TAIL_TOKENS]))
                 pos = word.find(text[:1], pos + 1)
+    return found
 
-    def _add(self, token: int, tail: tuple[int, ...]) -> None:
-        tails = self.breakers.setdefault(token, [])
-        if tail not in tails:
-            tails.append(tail)
+
+def _dry_active(p: SamplerParams) -> bool:
+    return p.dry_multiplier != 0.0 and p.dry_base >= 1.0 and p.dry_penalty_last_n != 0
+
+
+class _Dry:
+    """DRY's state (llama.cpp's, ported from koboldcpp): the last tokens, and the breakers as token
+    sequences (_dry_breakers)."""
+
+    def __init__(self, p: SamplerParams, vocab):
+        if vocab is None:
+            raise ValueError("DRY needs the model's vocabulary for its sequence breakers")
+        self.p = p
+        self.tokens: deque[int] = deque(maxlen=None if p.dry_penalty_last_n < 0 else p.dry_penalty_last_n)
+        self.breakers = _dry_breakers(vocab, tuple(p.dry_sequence_breakers))
 
     def penalties(self) -> dict[int, float]:
         """{token: how much its logit loses}, from the last tokens."""
