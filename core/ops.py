@@ -19,7 +19,8 @@ from typing import Callable
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, quants
 
-from .quants import Q8_1_OFFSET_TYPES, block_mins, ggml_activations, q8_1_offset_error
+from .backend.weights import BlockRows
+from .quants import Q8_1_OFFSET_TYPES, block_mins, ggml_activations, q8_1_offset_error, quantize_rows
 
 DEFAULT_NMSE = 1e-7
 
@@ -208,7 +209,15 @@ register(Op(
 ))
 
 CACHE_ROW_TYPES = {"f32": None, "f16": None, "bf16": T.BF16, "q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0,
-                   "q5_1": T.Q5_1}
+                   "q5_1": T.Q5_1, "iq4_nl": T.IQ4_NL}
+
+
+def cache_blocks(x: np.ndarray, qtype: T) -> np.ndarray:
+    """Rows (n, cols) as a block cache stores them, by the reference: gguf-py's quantizer, or for
+    IQ4_NL (gguf-py has none) core.quants', which tests/test_quants.py holds to llama.cpp's bytes."""
+    if qtype == T.IQ4_NL:
+        return quantize_rows(x, qtype)
+    return quants.quantize(x, qtype)
 
 
 def _set_rows_make(p, rng):
@@ -227,8 +236,8 @@ def _set_rows_reference(i, p):
     src = i["src"].astype(np.float64)
     if p["type"] == "f16":
         src = i["src"].astype(np.float16).astype(np.float64)
-    elif qtype is not None:  # what the row type can hold: gguf-py's quantize then dequantize
-        src = quants.dequantize(quants.quantize(i["src"], qtype), qtype).astype(np.float64)
+    elif qtype is not None:  # what the row type can hold: the reference quantizer, then gguf-py's dequantize
+        src = quants.dequantize(cache_blocks(i["src"], qtype), qtype).astype(np.float64)
     out = np.zeros((p["rows"], p["cols"]))
     out[i["ids"]] = src
     return out
@@ -653,15 +662,18 @@ KV_TYPES = CACHE_ROW_TYPES
 SPARSE_SEED = 0x5A17
 
 
-def _kv_rows(rng, n_kv, n_head_kv, d, kv_type) -> np.ndarray:
-    """K or V values as the cache type holds them (rounded through f16, or a block type's blocks)."""
+def _kv_rows(rng, n_kv, n_head_kv, d, kv_type):
+    """K or V values as the cache type holds them (rounded through f16, or a block type's values),
+    and for a block type its blocks (`BlockRows`, what the backend's attention reads), else None."""
     x = _f32(rng, n_kv, n_head_kv, d)
     if kv_type == "f16":
-        return x.astype(np.float16).astype(np.float32)
-    if KV_TYPES[kv_type] is not None:
-        raw = quants.quantize(x.reshape(n_kv, -1), KV_TYPES[kv_type])
-        return quants.dequantize(raw, KV_TYPES[kv_type]).reshape(n_kv, n_head_kv, d).astype(np.float32)
-    return x
+        return x.astype(np.float16).astype(np.float32), None
+    qtype = KV_TYPES[kv_type]
+    if qtype is None:
+        return x, None
+    raw = cache_blocks(x.reshape(n_kv, -1), qtype)
+    values = quants.dequantize(raw, qtype).reshape(n_kv, n_head_kv, d).astype(np.float32)
+    return values, BlockRows(raw, int(qtype), n_head_kv, d)
 
 
 def sparse_mask(rows: int, n_kv: int, n_kv_max: int, seed: int = SPARSE_SEED, blocks: bool = False,
@@ -702,8 +714,9 @@ def ring_window_mask(rows: int, n_kv: int, window: int) -> np.ndarray:
 def _fa_make(p, rng):
     nh_kv, (r1, _) = p["nh"], p["nr23"]
     q = _f32(rng, p["nb"], nh_kv * r1, p["hsk"])
-    k = _kv_rows(rng, p["kv"], nh_kv, p["hsk"], p["type_K"])
-    v = k[..., : p["hsv"]] if p.get("v_is_view_of_k") else _kv_rows(rng, p["kv"], nh_kv, p["hsv"], p["type_V"])
+    k, k_blocks = _kv_rows(rng, p["kv"], nh_kv, p["hsk"], p["type_K"])
+    v, v_blocks = (k[..., : p["hsv"]], None) if p.get("v_is_view_of_k") else \
+        _kv_rows(rng, p["kv"], nh_kv, p["hsv"], p["type_V"])
     if p["n_kv_max"]:
         mask = sparse_mask(p["nb"], p["kv"], p["n_kv_max"], blocks=p.get("sparse") == "blocks",
                            edges=p.get("sparse") == "edges")
@@ -712,7 +725,7 @@ def _fa_make(p, rng):
     else:
         mask = _mask(rng, p["nb"], p["kv"], "dense" if p["mask"] else "none")
     sinks = _f32(rng, nh_kv * r1, lo=-10, hi=10) if p["sinks"] else None
-    return dict(q=q, k=k, v=v, mask=mask, sinks=sinks)
+    return dict(q=q, k=k, v=v, mask=mask, sinks=sinks, k_blocks=k_blocks, v_blocks=v_blocks)
 
 
 def _fa_ref(i, p):
@@ -734,7 +747,10 @@ def _fa_ref(i, p):
 
 
 def _fa_run(b, i, p):
-    return b.flash_attn_ext(i["q"], i["k"], i["v"], i["mask"], 1.0 / math.sqrt(p["hsk"]), p["logit_softcap"],
+    """The cache rows as stored: a block type's blocks (the reference takes their values)."""
+    k = i["k"] if i.get("k_blocks") is None else i["k_blocks"]
+    v = i["v"] if i.get("v_blocks") is None else i["v_blocks"]
+    return b.flash_attn_ext(i["q"], k, v, i["mask"], 1.0 / math.sqrt(p["hsk"]), p["logit_softcap"],
                             i["sinks"], p["max_bias"], p["n_kv_max"], path=p.get("path"))
 
 

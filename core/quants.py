@@ -52,6 +52,13 @@ def _dequant_q5_1(b):
     return q.astype(np.float32) * d + m
 
 
+IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
+
+
+def _dequant_iq4_nl(b):
+    return IQ4_NL_VALUES[_nibbles(b[:, 2:18])].astype(np.float32) * _f16(b, 0)
+
+
 def _dequant_q8_0(b):
     d = _f16(b, 0)
     return b[:, 2:34].view(np.int8).astype(np.float32) * d
@@ -136,7 +143,7 @@ _FAST = {
     T.BF16: _dequant_bf16,
     T.Q4_0: _dequant_q4_0, T.Q4_1: _dequant_q4_1,
     T.Q5_0: _dequant_q5_0, T.Q5_1: _dequant_q5_1,
-    T.Q8_0: _dequant_q8_0,
+    T.Q8_0: _dequant_q8_0, T.IQ4_NL: _dequant_iq4_nl,
     T.Q2_K: _dequant_q2_k, T.Q3_K: _dequant_q3_k,
     T.Q4_K: _dequant_q4_k, T.Q5_K: _dequant_q5_k, T.Q6_K: _dequant_q6_k,
 }
@@ -242,9 +249,35 @@ def _quantize_bf16(values: np.ndarray) -> np.ndarray:
     return np.where(nan, (bits >> 16) | 64, rounded).astype(np.uint16).view(np.uint8)
 
 
+def _nearest_iq4_nl(x: np.ndarray) -> np.ndarray:
+    """Each value's nearest IQ4_NL level index, as ggml's best_index_int8 picks it (a tie goes up)."""
+    levels = IQ4_NL_VALUES.astype(np.float32)
+    upper = np.clip(np.searchsorted(levels, x, side="right"), 1, 15)
+    below = (x - levels[upper - 1]) < (levels[upper] - x)
+    return np.where(x <= levels[0], 0, np.where(x >= levels[15], 15, upper - below)).astype(np.uint8)
+
+
+def _quantize_iq4_nl(blocks: np.ndarray) -> np.ndarray:
+    """ggml's quantize_row_iq4_nl_ref: no scale search (ntry = -1). The levels come from the scale
+    max/-127; the stored scale is then the weighted least-squares one for those levels (weights
+    x²), its sums taken in ggml's order (cumsum is sequential). A block under GROUP_MAX_EPS gets
+    scale 0 (ggml leaves its codes as they were; here they are the level nearest 0)."""
+    signed_max = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None], axis=1)
+    d = signed_max / np.float32(-127)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    codes = _nearest_iq4_nl(blocks * inv)
+    q = IQ4_NL_VALUES[codes].astype(np.float32)
+    wq = blocks * blocks * q
+    sum_qx = np.cumsum(wq * blocks, axis=1, dtype=np.float32)[:, -1:]
+    sum_q2 = np.cumsum(wq * q, axis=1, dtype=np.float32)[:, -1:]
+    scale = np.divide(sum_qx, sum_q2, out=np.zeros_like(sum_qx), where=sum_q2 > 0)
+    scale[np.abs(signed_max) < np.float32(1e-15)] = 0
+    return np.concatenate([scale.astype(np.float16).view(np.uint8), codes[:, :16] | (codes[:, 16:] << 4)], axis=1)
+
+
 # ggml-cpu's from_float for a cache row is the reference quantizer of ggml-quants.c for these types
 _QUANTIZE = {T.BF16: _quantize_bf16, T.Q8_0: _quantize_q8_0, T.Q4_0: _quantize_q4_0, T.Q4_1: _quantize_q4_1, T.Q5_0: _quantize_q5_0,
-             T.Q5_1: _quantize_q5_1}
+             T.Q5_1: _quantize_q5_1, T.IQ4_NL: _quantize_iq4_nl}
 QUANTIZABLE_TYPES = frozenset(_QUANTIZE)
 
 

@@ -39,7 +39,8 @@ def test_kernels_read_every_type_exactly(type_name):
 def test_every_kernel_type_has_both_kernels():
     from llmsuite.core.backend.cpu import KERNEL_TYPES
 
-    assert set(matvec_float.MATVEC) == set(dequant.DEQUANT) == KERNEL_TYPES == {int(ggml_type(t)) for t in WEIGHT_TYPES}
+    assert set(matvec_float.MATVEC) == KERNEL_TYPES == {int(ggml_type(t)) for t in WEIGHT_TYPES}
+    assert set(dequant.DEQUANT) == KERNEL_TYPES | {int(ggml_type("iq4_nl"))}  # a cache type, not a weight kernel
 
 
 def test_real_model_weights_stay_mapped():
@@ -142,6 +143,52 @@ def test_few_row_attention_kernel_matches_the_blas_path(cache_type):
         got, expected = backend._attend_rows(*args), backend._attend_tiles(*args)
         np.testing.assert_allclose(got, expected, atol=2e-6)
         assert not got[2].any()
+
+
+@pytest.mark.parametrize("k_type,v_type", [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q4_1", "q4_1"), ("q5_0", "q5_0"),
+                                            ("q5_1", "q5_1"), ("iq4_nl", "iq4_nl"), ("bf16", "bf16"), ("q8_0", "f16"),
+                                            ("f32", "iq4_nl")])
+@pytest.mark.parametrize("d", [64, 40])
+def test_block_caches_are_read_in_place_and_equal_their_values(k_type, v_type, d, monkeypatch):
+    """Decode attention reads a block cache's bytes itself (the block kernel, a few cells unpacked
+    at a time, never the BLAS tiles over converted rows) and gives what the in-place float kernel
+    gives on the blocks' values (to float rounding: the kernels are built with fastmath, and LLVM
+    may order a sum differently in each); K and V of different types too, head sizes with and
+    without the vector code, chunks of 32 cells cut mid-way, sinks, softcap and slopes."""
+    from llmsuite.core.backend.weights import BlockRows
+    from llmsuite.core.quants import dequantize_rows, quantize_rows
+
+    rng = np.random.default_rng(6)
+    n_kv, n_head, n_head_kv = 613, 8, 4
+
+    def cache(type_name):
+        x = rng.standard_normal((n_kv, n_head_kv * d)).astype(np.float32)
+        if type_name in ("f32", "f16"):
+            rows = x.astype({"f32": np.float32, "f16": np.float16}[type_name]).reshape(n_kv, n_head_kv, d)
+            return rows, rows.astype(np.float32)
+        raw = quantize_rows(x, ggml_type(type_name))
+        return BlockRows(raw, int(ggml_type(type_name)), n_head_kv, d), \
+            dequantize_rows(raw, ggml_type(type_name)).reshape(n_kv, n_head_kv, d)
+
+    (k, k_values), (v, v_values) = cache(k_type), cache(v_type)
+    q = rng.standard_normal((3, n_head, d)).astype(np.float32)
+    mask = np.where(rng.random((3, n_kv)) < 0.3, -np.inf, rng.uniform(-1, 0, (3, n_kv))).astype(np.float32)
+    mask[2, 5:] = -np.inf  # alone, a row of a few cells: the serial kernel
+    backend, kernels, calls = CPUBackend(), attention(), []
+    for name in ("attend_blocks", "attend_blocks_serial"):
+        monkeypatch.setattr(kernels, name, lambda *a, _k=getattr(kernels, name), _n=name: calls.append(_n) or _k(*a))
+    monkeypatch.setattr(backend, "_attend_tiles", None)  # the BLAS path would fail
+    slopes = np.linspace(0.25, 1.0, n_head).astype(np.float32)
+    sinks = rng.uniform(-2, 2, n_head).astype(np.float32)
+    for rows, softcap, sink in ((slice(0, 3), 0.0, None), (slice(0, 3), 10.0, sinks), (slice(2, 3), 10.0, sinks)):
+        got = backend.flash_attn_ext(q[rows], k, v, mask[rows], 0.125, softcap, sink)
+        expected = backend._attend_rows(q[rows], k_values, v_values, mask[rows], 0.125, softcap, sink,
+                                        np.ones(n_head, np.float32))
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+        got = backend._attend_rows(q[rows], k, v, mask[rows], 0.125, softcap, sink, slopes)
+        expected = backend._attend_rows(q[rows], k_values, v_values, mask[rows], 0.125, softcap, sink, slopes)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert calls == ["attend_blocks"] * 4 + ["attend_blocks_serial"] * 2
 
 
 def test_attention_of_many_sequences_rows_reads_each_rows_own_cells(monkeypatch):
@@ -251,7 +298,7 @@ def test_vector_kernels_widen_halves_in_integers_without_f16c(monkeypatch):
 
     @njit
     def all_scores(s, q, rows, cells):
-        scores(s, q, 0, rows, cells, 0, len(cells), 0)
+        scores(s, q, 0, rows, cells, 0, len(cells), 0, 0)
 
     without = np.empty((1, 48), np.float32)
     matvec(raw, x, without)

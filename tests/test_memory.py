@@ -6,7 +6,7 @@ import pytest
 from llmsuite.core.backend.cpu import as_float
 from llmsuite.core.batch import Batch, BatchAllocator
 from llmsuite.core.errors import InvalidInputError
-from llmsuite.core.memory import AttnSpec, KVCache, KVCacheISWA, MemoryStatus, NoKVMemory, RopeSpec
+from llmsuite.core.memory import CACHE_TYPES, AttnSpec, KVCache, KVCacheISWA, MemoryStatus, NoKVMemory, RopeSpec
 from llmsuite.core.statefile import StateReader, StateWriter
 
 LAYERS = {0: AttnSpec(1, 32, 32), 1: AttnSpec(1, 32, 32)}
@@ -196,7 +196,7 @@ def test_seq_add_below_zero_frees_cells():
     assert cache.cells[0].used() == 2 and cache.seq_pos_min(0) == 0
 
 
-@pytest.mark.parametrize("type_name", ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"])
+@pytest.mark.parametrize("type_name", CACHE_TYPES)
 def test_state_round_trip(type_name):
     cache = KVCache(LAYERS, kv_size=16, type_k=type_name, type_v=type_name)
     commit(cache, [3, 1, 4, 1, 5])

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, quants
+from conftest import FIXTURES
 
 from llmsuite.core.quants import FAST_TYPES, dequantize
 
@@ -120,3 +121,25 @@ def test_cache_rows_quantize_as_ggml_bit_for_bit(qtype):
     np.testing.assert_array_equal(quantize_rows(rows, qtype), quants.quantize(rows, qtype))
     assert np.array_equal(dequantize_rows(quantize_rows(rows, qtype), qtype),
                           quants.dequantize(quants.quantize(rows, qtype), qtype), equal_nan=True)
+
+
+def test_iq4_nl_cache_rows_quantize_as_llama_cpp_bit_for_bit():
+    """IQ4_NL (gguf-py has no quantizer for it) against the blocks llama.cpp's own
+    quantize_row_iq4_nl_ref wrote (scripts/iq4_nl_reference.py): the levels from max/-127, the
+    weighted least-squares scale, ties between levels going up."""
+    from llmsuite.core.quants import dequantize_rows, quantize_rows
+
+    reference = np.load(FIXTURES / "llama" / "iq4_nl_rows.npz")
+    ours = quantize_rows(reference["rows"], T.IQ4_NL)
+    np.testing.assert_array_equal(ours, reference["blocks"])
+    np.testing.assert_array_equal(dequantize_rows(ours, T.IQ4_NL),
+                                  quants.dequantize(reference["blocks"], T.IQ4_NL).reshape(ours.shape[0], -1))
+
+
+def test_iq4_nl_all_zero_block_is_zero():
+    from llmsuite.core.quants import dequantize_rows, quantize_rows
+
+    rows = np.zeros((1, 64), dtype=np.float32)
+    rows[0, 32:] = np.linspace(-1, 1, 32)
+    values = dequantize_rows(quantize_rows(rows, T.IQ4_NL), T.IQ4_NL)
+    assert not values[0, :32].any() and np.abs(values[0, 32:] - rows[0, 32:]).max() < 0.12  # half the widest level gap

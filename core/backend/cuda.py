@@ -30,7 +30,7 @@ F32, F16 = np.float32, np.float16
 # ggml numerics are the cpu backend's; T5's unfused attention and the fused mask ops have no kernel
 # here (the memory computes the masks in CuPy array operations instead)
 UNSUPPORTED_OPS = frozenset({"MUL_MAT_GGML", "ATTN_SOFT_MAX", "BLOCK_TOPK_MASK", "BLOCK_BOUNDS"})
-CACHE_ROW_TYPES = ("f32", "f16")  # SET_ROWS stores these (no quantized cache rows yet)
+CACHE_ROW_TYPES = ("f32", "f16")  # SET_ROWS stores these, FLASH_ATTN_EXT reads these (no block caches yet)
 
 
 class CupyRuntime:
@@ -128,7 +128,7 @@ class CUDABackend(Backend):
     def supports(self, op: str, types: tuple[str, ...] = ()) -> bool:
         if op in UNSUPPORTED_OPS:
             return False
-        if op == "SET_ROWS":
+        if op in ("SET_ROWS", "FLASH_ATTN_EXT"):  # the kernels read f32/f16 caches only
             return all(t in CACHE_ROW_TYPES for t in types)
         return True
 

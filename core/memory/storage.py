@@ -1,7 +1,7 @@
 """Where a cache keeps one layer's K or V rows: `[stream, cell, row]` in the chosen cache type.
 
-f32 and f16 rows are plain arrays; q8_0, q4_0, q4_1, q5_0 and q5_1 rows are ggml blocks (so a
-state file can carry them as they are). Reads always give float32.
+f32 and f16 rows are plain arrays; bf16, q8_0, q4_0, q4_1, q5_0, q5_1 and iq4_nl rows are ggml
+blocks (so a state file can carry them as they are).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from ..quants import dequantize_rows, quantize_rows
 FLOAT_TYPES = {"f32": np.float32, "f16": np.float16}
 # bf16 is kept as one-value blocks of its bits (NumPy has no bfloat16): attention reads it as it reads
 # the block types, converting the cells it sees
-BLOCK_TYPES = {"bf16": T.BF16, "q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0, "q5_1": T.Q5_1}
+BLOCK_TYPES = {"bf16": T.BF16, "q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0, "q5_1": T.Q5_1,
+               "iq4_nl": T.IQ4_NL}
 CACHE_TYPES = tuple(FLOAT_TYPES) + tuple(BLOCK_TYPES)
 
 
@@ -72,7 +73,7 @@ class KVStorage:
 
     def read(self, stream: int, n: int, n_head: int):
         """The first n cells of a stream as stored, (n, n_head, head_dim): a view of f32/f16 rows,
-        or the q8_0/q4_0 blocks as `BlockRows` (attention kernels read both without a copy)."""
+        or the blocks as `BlockRows` (attention kernels read both without a copy)."""
         rows = self.data[stream, :n]
         if self.qtype is None:
             return rows.reshape(n, n_head, -1)

@@ -15,12 +15,14 @@ SmolLM2's shape (9 heads over 3, d 64) at 4096 cells 0.27 ms against 0.97 ms; Ge
 from __future__ import annotations
 
 import numpy as np
+from gguf import GGMLQuantizationType
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .cache import cached, parallel_and_serial
+from .cache import cached, parallel_and_serial, specialize
+from .dequant import CONVERTERS
 from .ir import I32, I64, LANES, VF32, arrays, fma, prefetch, reduce_add, splat, widen_halves
 from .scalar import FAST, as_f32, fast_exp
 
@@ -105,7 +107,7 @@ def _row_ptr(builder, arr, row):
 
 
 def _group_arrays(context, builder, sig, args, n_heads: int):
-    """The arrays of a call (out, a, h0, rows, cells, j0, j1, col) of the intrinsics below: out and
+    """The arrays of a call (out, a, h0, rows, cells, j0, j1, col, origin) of the intrinsics below: out and
     a with the pointers to their rows h0 .. h0 + n_heads - 1, then rows and cells."""
     out, a, rows, cells = arrays(context, builder, [sig.args[i] for i in (0, 1, 3, 4)], [args[i] for i in (0, 1, 3, 4)])
     heads = [builder.add(args[2], ir.Constant(I64, g)) for g in range(n_heads)]
@@ -114,13 +116,13 @@ def _group_arrays(context, builder, sig, args, n_heads: int):
 
 def _scores_intrinsic(n_heads: int):
     @intrinsic
-    def scores_into(typingctx, s, q, h0, rows, cells, j0, j1, col):
-        """s[h0 + g, j - j0] = q[h0 + g] · rows[cells[j], col:col + D] for g < n_heads and j in
+    def scores_into(typingctx, s, q, h0, rows, cells, j0, j1, col, origin):
+        """s[h0 + g, j - origin] = q[h0 + g] · rows[cells[j], col:col + D] for g < n_heads and j in
         [j0, j1), D = q.shape[1] a multiple of 16; rows f32 or f16 bits (uint16), C-contiguous.
         Each K slice is widened once for the heads; four cells' dots run side by side."""
         def codegen(context, builder, sig, args):
             s_arr, q_arr, s_rows, q_rows, r_arr, c_arr = _group_arrays(context, builder, sig, args, n_heads)
-            j0_, j1_, col_ = args[5:8]
+            j0_, j1_, col_, origin = args[5:9]
             n16 = builder.udiv(builder.extract_value(q_arr.shape, 1), ir.Constant(I64, LANES))
             n_steps = builder.udiv(builder.sub(j1_, j0_), ir.Constant(I64, CELLS_PER_STEP))
             dtype = sig.args[3].dtype
@@ -141,7 +143,7 @@ def _scores_intrinsic(n_heads: int):
                         qv = builder.load(builder.bitcast(builder.gep(q_row, [off]), VF32.as_pointer()), align=4)
                         for kv, acc in zip(keys, head_accs):
                             builder.store(fma(builder, kv, qv, builder.load(acc)), acc)
-                at = builder.sub(first, j0_)
+                at = builder.sub(first, origin)
                 for s_row, head_accs in zip(s_rows, accs):
                     out = builder.gep(s_row, [at])
                     if count == 1:
@@ -157,7 +159,7 @@ def _scores_intrinsic(n_heads: int):
                 dots(j, 1)
             return context.get_dummy_value()
 
-        return types.none(s, q, types.int64, rows, cells, types.int64, types.int64, types.int64), codegen
+        return types.none(s, q, types.int64, rows, cells, types.int64, types.int64, types.int64, types.int64), codegen
 
     return scores_into
 
@@ -167,13 +169,13 @@ SLICES_PER_PASS = 4  # 16-value slices of the output rows kept in registers over
 
 def _values_intrinsic(n_heads: int):
     @intrinsic
-    def values_into(typingctx, acc, p, h0, rows, cells, j0, j1, col):
-        """acc[h0 + g] += sum over j in [j0, j1) of p[h0 + g, j - j0] · rows[cells[j], col:col + Dv]
+    def values_into(typingctx, acc, p, h0, rows, cells, j0, j1, col, origin):
+        """acc[h0 + g] += sum over j in [j0, j1) of p[h0 + g, j - origin] · rows[cells[j], col:col + Dv]
         for g < n_heads, Dv = acc.shape[1] a multiple of 16. The output rows are held in registers,
         a few slices at a time, and each V slice is widened once for the heads."""
         def codegen(context, builder, sig, args):
             a_arr, p_arr, a_rows, p_rows, r_arr, c_arr = _group_arrays(context, builder, sig, args, n_heads)
-            j0_, j1_, col_ = args[5:8]
+            j0_, j1_, col_, origin = args[5:9]
             n16 = builder.udiv(builder.extract_value(a_arr.shape, 1), ir.Constant(I64, LANES))
             n_passes = builder.udiv(n16, ir.Constant(I64, SLICES_PER_PASS))
             dtype = sig.args[3].dtype
@@ -190,7 +192,7 @@ def _values_intrinsic(n_heads: int):
                                          _element_size(context, dtype))
                     values = [_load_values(builder, r_arr.data, builder.add(base, o), dtype) for o in offs]
                     for p_row, head_accs in zip(p_rows, accs):
-                        pv = splat(builder, builder.load(builder.gep(p_row, [builder.sub(j, j0_)])))
+                        pv = splat(builder, builder.load(builder.gep(p_row, [builder.sub(j, origin)])))
                         for vv, acc in zip(values, head_accs):
                             builder.store(fma(builder, pv, vv, builder.load(acc)), acc)
                 for head_ptrs, head_accs in zip(ptrs, accs):
@@ -204,7 +206,7 @@ def _values_intrinsic(n_heads: int):
                 accumulate(sl, 1)
             return context.get_dummy_value()
 
-        return types.none(acc, p, types.int64, rows, cells, types.int64, types.int64, types.int64), codegen
+        return types.none(acc, p, types.int64, rows, cells, types.int64, types.int64, types.int64, types.int64), codegen
 
     return values_into
 
@@ -214,17 +216,17 @@ values_1, values_2, values_3, values_4 = (_values_intrinsic(n) for n in range(1,
 
 
 @njit(inline="always")
-def _for_group(ops, n, out, a, h0, rows, cells, j0, j1, col):
+def _for_group(ops, n, out, a, h0, rows, cells, j0, j1, col, origin):
     """ops[n - 1](out, a, ...) for a group of n query heads, ops the intrinsics for 1..MAX_GROUP
     heads (numba cannot pick an intrinsic from a tuple at run time: one branch per group size)."""
     if n == 4:
-        ops[3](out, a, h0, rows, cells, j0, j1, col)
+        ops[3](out, a, h0, rows, cells, j0, j1, col, origin)
     elif n == 3:
-        ops[2](out, a, h0, rows, cells, j0, j1, col)
+        ops[2](out, a, h0, rows, cells, j0, j1, col, origin)
     elif n == 2:
-        ops[1](out, a, h0, rows, cells, j0, j1, col)
+        ops[1](out, a, h0, rows, cells, j0, j1, col, origin)
     else:
-        ops[0](out, a, h0, rows, cells, j0, j1, col)
+        ops[0](out, a, h0, rows, cells, j0, j1, col, origin)
 
 
 @cached()
@@ -265,78 +267,165 @@ def _widen(rows, c, col, n, out):
         out[d] = as_f32(rows[c, col + d])
 
 
+@njit(inline="always")
+def _chunk_scores(s, q, k, kcells, j0, j1, origin, n_head_kv, row):
+    """s[h, j - origin] = q[h] · (row kcells[j] of k, KV head h's slice) for j in [j0, j1): with
+    head sizes that are multiples of 16 vector-coded (scores_*: a KV head's query heads, up to
+    MAX_GROUP at a time), otherwise plain loops, each K row widened once for its query heads."""
+    H, D = q.shape
+    G = H // n_head_kv
+    if D % 16 == 0:
+        for h0 in range(0, H, G):
+            for g0 in range(0, G, MAX_GROUP):
+                _for_group((scores_1, scores_2, scores_3, scores_4), min(MAX_GROUP, G - g0), s, q, h0 + g0, k, kcells,
+                           j0, j1, (h0 // G) * D, origin)
+        return
+    for j in range(j0, j1):
+        for hk in range(n_head_kv):
+            _widen(k, kcells[j], hk * D, D, row)
+            for h in range(hk * G, hk * G + G):
+                acc = np.float32(0)
+                for d in range(D):
+                    acc += q[h, d] * row[d]
+                s[h, j - origin] = acc
+
+
+@njit(inline="always")
+def _chunk_values(acc, p, v, vcells, j0, j1, origin, n_head_kv, row):
+    """acc[h] += Σ_j p[h, j - origin] · (row vcells[j] of v, KV head h's slice), as _chunk_scores."""
+    H, Dv = acc.shape
+    G = H // n_head_kv
+    if Dv % 16 == 0:
+        for h0 in range(0, H, G):
+            for g0 in range(0, G, MAX_GROUP):
+                _for_group((values_1, values_2, values_3, values_4), min(MAX_GROUP, G - g0), acc, p, h0 + g0, v, vcells,
+                           j0, j1, (h0 // G) * Dv, origin)
+        return
+    for j in range(j0, j1):
+        for hk in range(n_head_kv):
+            _widen(v, vcells[j], hk * Dv, Dv, row)
+            for h in range(hk * G, hk * G + G):
+                w = p[h, j - origin]
+                for d in range(Dv):
+                    acc[h, d] += w * row[d]
+
+
+@njit(inline="always")
+def _chunk_softmax(s, mk, n, scale, softcap, slopes, m_out, sum_out):
+    """Scale, softcap and slope·mask the n scores of each head's row of s, then make them the
+    chunk's softmax numerators; the chunk's max and sum per head into m_out, sum_out (a head
+    whose cells are all masked keeps -inf and zeros)."""
+    for h in range(s.shape[0]):  # branch-free loops
+        if softcap != 0:
+            for j in range(n):
+                s[h, j] = softcap * np.tanh(s[h, j] * scale / softcap)
+        else:
+            for j in range(n):
+                s[h, j] *= scale
+        top = np.float32(-np.inf)
+        for j in range(n):
+            x = s[h, j] + slopes[h] * mk[j]
+            s[h, j] = x
+            top = max(top, x)
+        if top == -np.inf:
+            s[h, :] = 0
+            continue
+        total = np.float32(0)
+        for j in range(n):
+            p = fast_exp(s[h, j] - top)
+            s[h, j] = p
+            total += p
+        m_out[h] = top
+        sum_out[h] = total
+
+
 @cached(fastmath=FAST)
-def _attend_chunk(t, ci, chunk, q, k, v, mask, cells, count, scale, softcap, slopes, chunk_max, chunk_sum, chunk_acc):
-    """Chunk ci of row t: scores, the chunk's softmax numerators, weighted values. With head
-    sizes that are multiples of 16 the cache reads are vector-coded (scores_*, values_*: the query
-    heads of a KV head together, output rows held in registers over the chunk); otherwise plain loops walk
-    the cells in order, each K and V row widened once for its query heads."""
-    H, D = q.shape[1], q.shape[2]
-    Dv = chunk_acc.shape[3]
-    Hkv = k.shape[1] // D
-    G = H // Hkv
-    vector = D % 16 == 0 and Dv % 16 == 0
+def _attend_chunk(t, ci, chunk, q, k, v, n_head_kv, mask, cells, count, scale, softcap, slopes, chunk_max, chunk_sum,
+                  chunk_acc):
+    """Chunk ci of row t over f32 or f16 rows, read where they lie: scores, the chunk's softmax
+    numerators, weighted values (the output rows held in registers over the chunk)."""
     j0 = ci * chunk
     j1 = min(count[t], j0 + chunk)
     if j1 > j0:
+        s = np.empty((q.shape[1], chunk), dtype=np.float32)
+        mk = np.empty(chunk, dtype=np.float32)
+        row = np.empty(max(q.shape[2], chunk_acc.shape[3]), dtype=np.float32)
+        kept = cells[t]
+        _chunk_scores(s, q[t], k, kept, j0, j1, j0, n_head_kv, row)
+        for j in range(j0, j1):  # the kept cells' mask values, gathered once for every head
+            mk[j - j0] = mask[t, kept[j]]
+        _chunk_softmax(s, mk, j1 - j0, scale, softcap, slopes, chunk_max[ci, t], chunk_sum[ci, t])
+        _chunk_values(chunk_acc[ci, t], s, v, kept, j0, j1, j0, n_head_kv, row)
+
+
+# Cells of a chunk whose block rows are unpacked at a time (a few KiB of floats per KV row: they
+# stay in L1/L2 between the unpack and their use).
+UNPACK_CELLS = 32
+# The row types attend_blocks reads, by ggml type id: the cache's block types, and f32/f16 for a
+# K or V cache beside one of them.
+ROW_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL")
+(unpack_f32, unpack_f16, unpack_bf16, unpack_q8_0, unpack_q4_0, unpack_q4_1, unpack_q5_0, unpack_q5_1,
+ unpack_iq4_nl) = (CONVERTERS[name] for name in ROW_TYPES)
+F32_, F16_, BF16_, Q8_0_, Q4_0_, Q4_1_, Q5_0_, Q5_1_, IQ4_NL_ = (int(GGMLQuantizationType[name]) for name in ROW_TYPES)
+
+
+@njit(inline="always")
+def _unpack(kind, row, out):
+    """One cell's row of ggml type id `kind` (its bytes) as float32 values into out. One kernel
+    for every type, the type picked per row: a kernel per type pair would compile for minutes."""
+    if kind == Q8_0_:
+        unpack_q8_0(row, out)
+    elif kind == F16_:
+        unpack_f16(row, out)
+    elif kind == BF16_:
+        unpack_bf16(row, out)
+    elif kind == Q4_0_:
+        unpack_q4_0(row, out)
+    elif kind == Q4_1_:
+        unpack_q4_1(row, out)
+    elif kind == Q5_0_:
+        unpack_q5_0(row, out)
+    elif kind == Q5_1_:
+        unpack_q5_1(row, out)
+    elif kind == IQ4_NL_:
+        unpack_iq4_nl(row, out)
+    else:
+        unpack_f32(row, out)
+
+
+@cached(fastmath=FAST)
+def _attend_chunk_blocks(t, ci, chunk, q, k, v, kinds, mask, cells, count, scale, softcap, slopes, chunk_max,
+                         chunk_sum, chunk_acc):
+    """_attend_chunk over rows kept as ggml blocks (k, v the bytes of each cell's row, of ggml
+    type ids kinds[0] and kinds[1]; kinds[2] the KV heads): the chunk's cells are unpacked
+    UNPACK_CELLS at a time into a small float buffer right before the scores or the weighted
+    values use them, so the cache is read once, where it lies, and never converted as a whole."""
+    j0 = ci * chunk
+    j1 = min(count[t], j0 + chunk)
+    if j1 > j0:
+        H, D, Dv, n_head_kv = q.shape[1], q.shape[2], chunk_acc.shape[3], kinds[2]
         s = np.empty((H, chunk), dtype=np.float32)
         mk = np.empty(chunk, dtype=np.float32)
         row = np.empty(max(D, Dv), dtype=np.float32)
-        m = np.empty(H, dtype=np.float32)
+        k_rows = np.empty((UNPACK_CELLS, n_head_kv * D), dtype=np.float32)
+        v_rows = np.empty((UNPACK_CELLS, n_head_kv * Dv), dtype=np.float32)
+        slot = np.empty(chunk, dtype=np.int32)  # cell j0 + i sits in row slot[i] of the buffers
+        for i in range(chunk):
+            slot[i] = i % UNPACK_CELLS
         kept = cells[t]
-        if vector:  # a KV head's query heads, up to MAX_GROUP at a time
-            for h0 in range(0, H, G):
-                for g0 in range(0, G, MAX_GROUP):
-                    _for_group((scores_1, scores_2, scores_3, scores_4), min(MAX_GROUP, G - g0), s, q[t], h0 + g0, k, kept,
-                               j0, j1, (h0 // G) * D)
-        else:
-            for j in range(j0, j1):
-                for hk in range(Hkv):
-                    _widen(k, kept[j], hk * D, D, row)
-                    for h in range(hk * G, hk * G + G):
-                        acc = np.float32(0)
-                        for d in range(D):
-                            acc += q[t, h, d] * row[d]
-                        s[h, j - j0] = acc
-        for j in range(j0, j1):  # the kept cells' mask values, gathered once for every head
+        for a in range(0, j1 - j0, UNPACK_CELLS):
+            b = min(j1 - j0, a + UNPACK_CELLS)
+            for i in range(a, b):
+                _unpack(kinds[0], k[kept[j0 + i]], k_rows[i - a])
+            _chunk_scores(s, q[t], k_rows, slot, a, b, 0, n_head_kv, row)
+        for j in range(j0, j1):
             mk[j - j0] = mask[t, kept[j]]
-        for h in range(H):  # scale, softcap, slope·mask; the chunk's max (branch-free loops)
-            if softcap != 0:
-                for j in range(j1 - j0):
-                    s[h, j] = softcap * np.tanh(s[h, j] * scale / softcap)
-            else:
-                for j in range(j1 - j0):
-                    s[h, j] *= scale
-            top = np.float32(-np.inf)
-            for j in range(j1 - j0):
-                x = s[h, j] + slopes[h] * mk[j]
-                s[h, j] = x
-                top = max(top, x)
-            m[h] = top
-        for h in range(H):  # the chunk's softmax numerators and sums
-            if m[h] == -np.inf:
-                s[h, :] = 0
-                continue
-            total = np.float32(0)
-            for j in range(j1 - j0):
-                p = fast_exp(s[h, j] - m[h])
-                s[h, j] = p
-                total += p
-            chunk_max[ci, t, h] = m[h]
-            chunk_sum[ci, t, h] = total
-        if vector:
-            for h0 in range(0, H, G):
-                for g0 in range(0, G, MAX_GROUP):
-                    _for_group((values_1, values_2, values_3, values_4), min(MAX_GROUP, G - g0), chunk_acc[ci, t], s,
-                               h0 + g0, v, kept, j0, j1, (h0 // G) * Dv)
-        else:
-            for j in range(j0, j1):
-                for hk in range(Hkv):
-                    _widen(v, kept[j], hk * Dv, Dv, row)
-                    for h in range(hk * G, hk * G + G):
-                        p = s[h, j - j0]
-                        for d in range(Dv):
-                            chunk_acc[ci, t, h, d] += p * row[d]
+        _chunk_softmax(s, mk, j1 - j0, scale, softcap, slopes, chunk_max[ci, t], chunk_sum[ci, t])
+        for a in range(0, j1 - j0, UNPACK_CELLS):
+            b = min(j1 - j0, a + UNPACK_CELLS)
+            for i in range(a, b):
+                _unpack(kinds[1], v[kept[j0 + i]], v_rows[i - a])
+            _chunk_values(chunk_acc[ci, t], s, v_rows, slot, a, b, 0, n_head_kv, row)
 
 
 @cached(fastmath=FAST)
@@ -366,10 +455,14 @@ def _merge_chunks(chunk_max, chunk_sum, chunk_acc, sinks, use_sinks, out):
                 out[t, h, d] /= total
 
 
-def attend_rows(q, k, v, mask, cells, count, scale, softcap, slopes, sinks, use_sinks, n_tasks, out):
+ATTEND_CHUNK = _attend_chunk  # the chunk kernel of each attend_rows copy
+
+
+def attend_rows(q, k, v, n_head_kv, mask, cells, count, scale, softcap, slopes, sinks, use_sinks, n_tasks, out):
     """out (T, H, Dv) = softmax(softcap(q·kᵀ·scale) + slope·mask)·v for q (T, H, D) f32 and cache
-    rows k (N, Hkv·D), v (N, Hkv·Dv) as float32 or f16 bits (uint16); mask (T, N); slopes (H,);
-    sinks (H,) join each head's softmax when use_sinks. A fully masked row gives zeros.
+    rows k (N, n_head_kv·D), v (N, n_head_kv·Dv) as float32 or f16 bits (uint16); mask (T, N);
+    slopes (H,); sinks (H,) join each head's softmax when use_sinks. A fully masked row gives zeros.
+    (attend_blocks: the same over rows of ggml blocks, n_head_kv then (K type, V type, KV heads).)
 
     Only the cells a row keeps are visited: `cells, count` list each row's finite mask columns
     (kept_cells), and every row's list is cut into chunks, so a sparse mask, or rows of several
@@ -378,13 +471,18 @@ def attend_rows(q, k, v, mask, cells, count, scale, softcap, slopes, sinks, use_
     chunk, chunk_max, chunk_sum, chunk_acc = _chunk_plan(count, n_tasks, q.shape[1], out.shape[2])
     n_chunks, T = chunk_max.shape[0], chunk_max.shape[1]
     for job in prange(n_chunks * T):
-        _attend_chunk(job % T, job // T, chunk, q, k, v, mask, cells, count, scale, softcap, slopes, chunk_max,
-                      chunk_sum, chunk_acc)
+        ATTEND_CHUNK(job % T, job // T, chunk, q, k, v, n_head_kv, mask, cells, count, scale, softcap, slopes,
+                     chunk_max, chunk_sum, chunk_acc)
     _merge_chunks(chunk_max, chunk_sum, chunk_acc, sinks, use_sinks, out)
 
 
-# the serial twin for short caches (one chunk)
-attend_rows, attend_rows_serial = parallel_and_serial(attend_rows, fastmath=FAST)
+_template = attend_rows
+# the serial twins for short caches (one chunk)
+attend_rows, attend_rows_serial = parallel_and_serial(_template, fastmath=FAST)
+attend_blocks = specialize(_template, "attend_blocks", {"ATTEND_CHUNK": _attend_chunk_blocks}, parallel=True,
+                           fastmath=FAST)
+attend_blocks_serial = specialize(_template, "attend_blocks_serial", {"ATTEND_CHUNK": _attend_chunk_blocks},
+                                  fastmath=FAST)
 
 
 # ---- a prompt tile's online-softmax step (the matmuls around it are BLAS) ---------------------

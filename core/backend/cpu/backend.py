@@ -189,8 +189,8 @@ class CPUBackend(Backend):
         """Compile (the first time on a machine) or load from numba's cache the kernels a model
         with these weight types (and, for a recurrent model, the state-space ops) needs: each one
         runs once on a one-block weight. Decode attention is warmed for the cache types given
-        (f16 and f32 caches are read in place, each by its own compiled variant; other types
-        take the block kernels), and the integer dots under ggml numerics."""
+        (f16 and f32 caches are read in place by one compiled variant each, the block types by one
+        kernel for them all), and the integer dots under ggml numerics."""
         numerics = self.numerics
         kernels = matvec_float()
         x = np.ones((1, 256), dtype=np.float32)
@@ -226,15 +226,19 @@ class CPUBackend(Backend):
                     self.rope(q, (np.ones((rows, 1), np.float32), np.zeros((rows, 1), np.float32)), neox)
                 self.rms_norm(q, None, 1e-5)
                 self.rms_norm(q, np.ones(4, np.float32), 1e-5)
-            q = np.zeros((1, 1, 4), np.float32)
+            q = np.zeros((1, 1, 32), np.float32)
             in_place = [dtype for name, dtype in (("f16", np.float16), ("f32", np.float32)) if name in cache_types]
             one = np.zeros(1, np.float32)
             attention().softmax_block(np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32), np.float32(1),
                                       np.float32(0), alibi_slopes(1, 0.0), one, one.copy(), one.copy())  # prompt tiles
+            blocks = [t for t in cache_types if t not in ("f16", "f32")][:1]  # one kernel reads every block type
             for cells in (1, SERIAL_ATTN_CELLS + 1):
-                for cache in (np.zeros((cells, 1, 4), dtype) for dtype in in_place):
-                    self._attend_rows(q, cache, cache, np.zeros((1, cells), np.float32), 1.0, 0.0, None,
-                                      alibi_slopes(1, 0.0))
+                caches = [np.zeros((cells, 1, 4), dtype) for dtype in in_place]
+                caches += [BlockRows(np.zeros((cells, 34), np.uint8), int(GGMLQuantizationType.Q8_0), 1, 32)
+                           for _ in blocks]
+                for cache in caches:
+                    self._attend_rows(q[..., :cache.shape[2]], cache, cache, np.zeros((1, cells), np.float32), 1.0, 0.0,
+                                      None, alibi_slopes(1, 0.0))
             if state_space:
                 one, seq = np.zeros((1, 1), np.float32), np.zeros(1, np.int64)
                 self.ssm_conv(one, np.zeros((1, 1, 1), np.float32), np.zeros((1, 2), np.float32), seq)
@@ -583,17 +587,25 @@ class CPUBackend(Backend):
     @staticmethod
     def _attend_rows(q, k, v, mask, scale, softcap, sinks, slopes, kept=None) -> np.ndarray:
         """A few query rows, or rows that each keep few cells (several sequences' decode steps):
-        one numba kernel reads the f32/f16 cache in place, only the cells each row keeps (`kept`:
+        one numba kernel reads the cache in place (f32/f16 rows, or blocks unpacked a few cells at a
+        time), only the cells each row keeps (`kept`:
         attention.kept_cells of the mask, listed here when not given)."""
         kernels = attention()
         mask = np.ascontiguousarray(mask, dtype=np.float32)
         cells, count = kept if kept is not None else kernels.kept_cells(mask)
         serial = int(count.sum()) <= SERIAL_ATTN_CELLS  # one short job: waking the threads costs more
-        kernel = kernels.attend_rows_serial if serial else kernels.attend_rows
+        n_head_kv = k.shape[1]
+        if isinstance(k, BlockRows) or isinstance(v, BlockRows):
+            kernel = kernels.attend_blocks_serial if serial else kernels.attend_blocks
+            k_rows, v_rows = row_bytes(k), row_bytes(v)
+            n_head_kv = np.array([row_type(k), row_type(v), n_head_kv], dtype=np.int64)
+        else:
+            kernel = kernels.attend_rows_serial if serial else kernels.attend_rows
+            k_rows, v_rows = cache_bits(k), cache_bits(v)
         out = np.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=np.float32)
         use_sinks = sinks is not None
         sinks = np.asarray(sinks, dtype=np.float32) if use_sinks else slopes  # slopes: any (H,) array
-        kernel(np.ascontiguousarray(q, dtype=np.float32), cache_bits(k), cache_bits(v), mask, cells, count,
+        kernel(np.ascontiguousarray(q, dtype=np.float32), k_rows, v_rows, n_head_kv, mask, cells, count,
                np.float32(scale), np.float32(softcap), slopes, sinks, use_sinks, attention_tasks(), out)
         return out
 
@@ -780,8 +792,24 @@ def serial_suffix(n_rows: int) -> str:
 
 
 def in_place_rows(x) -> bool:
-    """Cache rows attend_rows can read where they lie: contiguous f32 or f16 (cells, heads, d)."""
+    """Cache rows attend_rows can read where they lie: contiguous f32 or f16 (cells, heads, d), or
+    contiguous rows of blocks."""
+    if isinstance(x, BlockRows):
+        return x.raw.flags.c_contiguous
     return isinstance(x, np.ndarray) and x.dtype in (np.float32, np.float16) and x.flags.c_contiguous
+
+
+def row_type(x) -> int:
+    """The ggml type id of cache rows (BlockRows, or an f32/f16 array)."""
+    if isinstance(x, BlockRows):
+        return int(x.qtype)
+    return int(GGMLQuantizationType.F16 if x.dtype == np.float16 else GGMLQuantizationType.F32)
+
+
+def row_bytes(x) -> np.ndarray:
+    """Cache rows as (cells, bytes of a row): what attention.block_kernels read."""
+    rows = x.raw if isinstance(x, BlockRows) else x.reshape(len(x), -1)
+    return rows.view(np.uint8)
 
 
 def cache_bits(x: np.ndarray) -> np.ndarray:

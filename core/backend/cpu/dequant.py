@@ -1,7 +1,7 @@
 """Dequantization: rows of a weight (or of a quantized KV cache) as float32, on one thread.
 
 `DEQUANT[type](w, rows, out)` writes the rows `rows` of W as float32 into `out`: the tiles of a
-BLAS matmul for many activation rows, embedding lookups, and f16 or q8_0/q4_0 cache rows for
+BLAS matmul for many activation rows, embedding lookups, and f16 or block cache rows for
 attention a block at a time. One thread: the tiles feed BLAS, whose threads would spin against
 numba's. Exact (no fused multiply-add), so the values equal `quants.dequantize` bit for bit.
 
@@ -17,6 +17,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from ...quants import IQ4_NL_VALUES
 from .blocks import block_size, each_block
 from .cache import per_type
 from .ir import I64, VF32, arrays, contiguous, pointer, splat
@@ -74,6 +75,21 @@ def _q4_0_values(e: Block):
     e.dot(e.half(0), [(e.sub(lo, 8), 0), (e.sub(hi, 8), 16)])
 
 
+def _iq4_nl_values(e: Block):
+    """IQ4_NL: each nibble picks one of 16 fixed levels (a tree of selects on the code's bits:
+    LLVM has no vector table lookup of its own), times the block's half scale."""
+    lo, hi = nibbles(e, 2)
+    e.dot(e.half(0), [(_levels(e, lo), 0), (_levels(e, hi), 16)])
+
+
+def _levels(e: Block, codes):
+    choices = [e.lanes(int(v)) for v in IQ4_NL_VALUES]
+    for bit in range(4):
+        set_ = e.b.icmp_unsigned("!=", e.mask(codes, 1 << bit), e.lanes(0))
+        choices = [e.b.select(set_, choices[i + 1], choices[i]) for i in range(0, len(choices), 2)]
+    return choices[0]
+
+
 def _q5_0_values(e: Block):
     lo, hi = with_fifth_bits(e, 2, *nibbles(e, 6))
     e.dot(e.half(0), [(e.sub(lo, 16), 0), (e.sub(hi, 16), 16)])
@@ -101,5 +117,6 @@ def _dequant(w, rows, out):
 
 
 CONVERTERS = {**FLOAT_ROWS, **{name: decoded_rows(decode) for name, decode in DECODERS.items()},
-              **{name: row_unpack(name, emit) for name, emit in {**EMIT, "Q4_0": _q4_0_values, "Q5_0": _q5_0_values}.items()}}
+              **{name: row_unpack(name, emit) for name, emit in {**EMIT, "Q4_0": _q4_0_values, "Q5_0": _q5_0_values,
+                                                                  "IQ4_NL": _iq4_nl_values}.items()}}
 DEQUANT = per_type(_dequant, "dequant", {name: {"UNPACK": convert} for name, convert in CONVERTERS.items()})
