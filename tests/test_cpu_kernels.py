@@ -310,6 +310,29 @@ def test_vector_kernels_widen_halves_in_integers_without_f16c(monkeypatch):
     assert np.isinf(s[:, 5]).all()
 
 
+def test_iq4_nl_levels_without_ssse3_equal_the_byte_shuffle(monkeypatch):
+    """Where there is no SSSE3 byte shuffle, IQ4_NL's levels come from a tree of selects: a fresh
+    unpacker built that way reads every code as the reference does."""
+    from numba import njit
+
+    from llmsuite.core.quants import dequantize_rows, quantize_rows
+
+    rows = np.random.default_rng(8).standard_normal((16, 64)).astype(np.float32)
+    raw = quantize_rows(rows, T.IQ4_NL)
+    raw[0, 2:18] = np.arange(16, dtype=np.uint8) * 17  # every code, low and high nibbles
+    monkeypatch.setattr(dequant, "HAS_SSSE3", False)  # read when the intrinsic is compiled
+    unpack = dequant.row_unpack("IQ4_NL", dequant._iq4_nl_values)
+
+    @njit
+    def unpack_all(raw, out):
+        for r in range(raw.shape[0]):
+            unpack(raw[r], out[r])
+
+    out = np.empty_like(rows)
+    unpack_all(raw, out)
+    np.testing.assert_array_equal(out, dequantize_rows(raw, T.IQ4_NL))
+
+
 @pytest.mark.skipif(not matvec_int.AVAILABLE, reason="the integer dots need AVX2 and F16C")
 @pytest.mark.parametrize("qtype", sorted(matvec_int.MATVEC), ids=lambda t: T(t).name)
 def test_integer_dots_equal_the_rounded_float_product(qtype, monkeypatch):

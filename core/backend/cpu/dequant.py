@@ -15,13 +15,17 @@ from __future__ import annotations
 
 from llvmlite import ir
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ...quants import IQ4_NL_VALUES
 from .blocks import block_size, each_block
 from .cache import per_type
-from .ir import I64, VF32, arrays, contiguous, pointer, splat
+from .ir import F32, FEATURES, I16, I32, I64, LANES, V16I8, VF32, VI32, arrays, call, contiguous, pointer, splat
 from .matvec_float import DECODERS, EMIT, FLOAT_ROWS, Block, nibbles, with_fifth_bits
+
+
+HAS_SSSE3 = bool(FEATURES.get("ssse3", False))
 
 
 class Unpack(Block):
@@ -76,13 +80,19 @@ def _q4_0_values(e: Block):
 
 
 def _iq4_nl_values(e: Block):
-    """IQ4_NL: each nibble picks one of 16 fixed levels (a tree of selects on the code's bits:
-    LLVM has no vector table lookup of its own), times the block's half scale."""
+    """IQ4_NL: each nibble picks one of 16 fixed levels, times the block's half scale."""
     lo, hi = nibbles(e, 2)
     e.dot(e.half(0), [(_levels(e, lo), 0), (_levels(e, hi), 16)])
 
 
 def _levels(e: Block, codes):
+    """The IQ4_NL levels of 16 codes (0-15). LLVM has no vector table lookup of its own: with SSSE3
+    one byte shuffle of the 16 levels (as ggml does it), else a tree of selects on the codes' bits
+    (about 1.5x the time per value)."""
+    if HAS_SSSE3:
+        table = ir.Constant(V16I8, [int(v) for v in IQ4_NL_VALUES])
+        picked = call(e.b, "llvm.x86.ssse3.pshuf.b.128", V16I8, [table, e.b.trunc(codes, V16I8)])
+        return e.b.sext(picked, codes.type)
     choices = [e.lanes(int(v)) for v in IQ4_NL_VALUES]
     for bit in range(4):
         set_ = e.b.icmp_unsigned("!=", e.mask(codes, 1 << bit), e.lanes(0))
@@ -93,6 +103,35 @@ def _levels(e: Block, codes):
 def _q5_0_values(e: Block):
     lo, hi = with_fifth_bits(e, 2, *nibbles(e, 6))
     e.dot(e.half(0), [(e.sub(lo, 16), 0), (e.sub(hi, 16), 16)])
+
+
+@intrinsic
+def unpack_bf16(typingctx, row, out):
+    """A BF16 row (its bytes) as float32 into out: each value's 16 bits moved to the top of a
+    float's, 16 values per vector (numba's own loop over a short row cost twice as much)."""
+    if not (contiguous(row, types.uint8) and contiguous(out, types.float32)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        row_arr, out_arr = arrays(context, builder, signature.args, args)
+        n = builder.extract_value(out_arr.shape, 0)
+        n_vectors = builder.udiv(n, ir.Constant(I64, LANES))
+        halves = builder.bitcast(row_arr.data, I16.as_pointer())
+
+        def widen(at, ty, lanes):
+            bits = builder.load(builder.bitcast(builder.gep(halves, [at]), ty.as_pointer()), align=2)
+            shift = ir.Constant(VI32, [16] * LANES) if lanes else ir.Constant(I32, 16)
+            value = builder.bitcast(builder.shl(builder.zext(bits, VI32 if lanes else I32), shift), VF32 if lanes else F32)
+            builder.store(value, builder.bitcast(builder.gep(out_arr.data, [at]), value.type.as_pointer()), align=4)
+
+        with cgutils.for_range(builder, n_vectors) as loop:
+            widen(builder.mul(loop.index, ir.Constant(I64, LANES)), ir.VectorType(I16, LANES), True)
+        with cgutils.for_range_slice(builder, builder.mul(n_vectors, ir.Constant(I64, LANES)), n,
+                                     ir.Constant(I64, 1)) as (at, _):
+            widen(at, I16, False)
+        return context.get_dummy_value()
+
+    return types.none(row, out), codegen
 
 
 def decoded_rows(decode):
@@ -116,7 +155,7 @@ def _dequant(w, rows, out):
         UNPACK(w[rows[i]], out[i])
 
 
-CONVERTERS = {**FLOAT_ROWS, **{name: decoded_rows(decode) for name, decode in DECODERS.items()},
+CONVERTERS = {**FLOAT_ROWS, "BF16": unpack_bf16, **{name: decoded_rows(decode) for name, decode in DECODERS.items()},
               **{name: row_unpack(name, emit) for name, emit in {**EMIT, "Q4_0": _q4_0_values, "Q5_0": _q5_0_values,
                                                                   "IQ4_NL": _iq4_nl_values}.items()}}
 DEQUANT = per_type(_dequant, "dequant", {name: {"UNPACK": convert} for name, convert in CONVERTERS.items()})
