@@ -268,6 +268,16 @@ def _widen(rows, c, col, n, out):
 
 
 @njit(inline="always")
+def _each_group(ops, n_head, group, width, out, a, rows, cells, j0, j1, origin):
+    """The intrinsics `ops` over every KV head's `group` query heads, up to MAX_GROUP at a time (the
+    KV head's slice of a row starts at its index times `width`)."""
+    for h0 in range(0, n_head, group):
+        for g0 in range(0, group, MAX_GROUP):
+            _for_group(ops, min(MAX_GROUP, group - g0), out, a, h0 + g0, rows, cells, j0, j1, (h0 // group) * width,
+                       origin)
+
+
+@njit(inline="always")
 def _chunk_scores(s, q, k, kcells, j0, j1, origin, n_head_kv, row):
     """s[h, j - origin] = q[h] · (row kcells[j] of k, KV head h's slice) for j in [j0, j1): with
     head sizes that are multiples of 16 vector-coded (scores_*: a KV head's query heads, up to
@@ -275,10 +285,7 @@ def _chunk_scores(s, q, k, kcells, j0, j1, origin, n_head_kv, row):
     H, D = q.shape
     G = H // n_head_kv
     if D % 16 == 0:
-        for h0 in range(0, H, G):
-            for g0 in range(0, G, MAX_GROUP):
-                _for_group((scores_1, scores_2, scores_3, scores_4), min(MAX_GROUP, G - g0), s, q, h0 + g0, k, kcells,
-                           j0, j1, (h0 // G) * D, origin)
+        _each_group((scores_1, scores_2, scores_3, scores_4), H, G, D, s, q, k, kcells, j0, j1, origin)
         return
     for j in range(j0, j1):
         for hk in range(n_head_kv):
@@ -296,10 +303,7 @@ def _chunk_values(acc, p, v, vcells, j0, j1, origin, n_head_kv, row):
     H, Dv = acc.shape
     G = H // n_head_kv
     if Dv % 16 == 0:
-        for h0 in range(0, H, G):
-            for g0 in range(0, G, MAX_GROUP):
-                _for_group((values_1, values_2, values_3, values_4), min(MAX_GROUP, G - g0), acc, p, h0 + g0, v, vcells,
-                           j0, j1, (h0 // G) * Dv, origin)
+        _each_group((values_1, values_2, values_3, values_4), H, G, Dv, acc, p, v, vcells, j0, j1, origin)
         return
     for j in range(j0, j1):
         for hk in range(n_head_kv):
