@@ -213,6 +213,11 @@ class Runner:
         ctx = Context(model, inst.context_params())
         if not ctx.generates and (test.n_gen or test.n_depth):
             raise InvalidInputError(f"{test.name}: {model.arch} is an encoder; only pp (the encoder) can be timed")
+        # llama-bench's warm-up decodes at depth 0, and a step at depth reads the cache with kernels a
+        # depth-0 step never calls (the parallel decode attention, a block cache's): compiled (once
+        # per machine) or loaded now, never inside a repetition
+        ctx.backend.prepare(model.weight_types, state_space=model.is_recurrent,
+                            cache_types=tuple(t or default_cache_type(inst.backend) for t in (inst.type_k, inst.type_v)))
         result = Result(inst)
         if self.warmup:
             self.on_event("warmup")

@@ -58,6 +58,18 @@ def test_depth_is_prefilled_once_then_restored():
     assert result.stddev_ts == pytest.approx(float(__import__("numpy").std(result.samples_ts, ddof=1)))
 
 
+def test_kernels_are_readied_for_the_cache_types_before_the_warmup(monkeypatch):
+    """A first repetition at depth must not compile a kernel the depth-0 warm-up never called."""
+    from llmsuite.core.backend import CPUBackend
+
+    events = []
+    monkeypatch.setattr(CPUBackend, "prepare", lambda self, weight_types, state_space=False, cache_types=():
+                        events.append(("prepare", cache_types)))
+    runner = bench.Runner(lambda inst: tiny_gemma3(), repetitions=1, on_event=events.append)
+    runner.run(bench.Instance("tiny", bench.Test(0, 2, 64), n_ubatch=32, type_k="q8_0"))
+    assert events[:2] == [("prepare", ("q8_0", "f16")), "warmup"]
+
+
 def test_depth_state_is_shared_across_instances_that_differ_only_in_attention():
     """A --sparse-topk or --attn sweep prefills each depth once, not once per value."""
     events = []
