@@ -249,29 +249,24 @@ def _quantize_bf16(values: np.ndarray) -> np.ndarray:
     return np.where(nan, (bits >> 16) | 64, rounded).astype(np.uint16).view(np.uint8)
 
 
-def _nearest_iq4_nl(x: np.ndarray) -> np.ndarray:
-    """Each value's nearest IQ4_NL level index, as ggml's best_index_int8 picks it (a tie goes up)."""
-    levels = IQ4_NL_VALUES.astype(np.float32)
-    upper = np.clip(np.searchsorted(levels, x, side="right"), 1, 15)
-    below = (x - levels[upper - 1]) < (levels[upper] - x)
-    return np.where(x <= levels[0], 0, np.where(x >= levels[15], 15, upper - below)).astype(np.uint8)
+_IQ4_NL_LEVELS_DOWN = IQ4_NL_VALUES[::-1].astype(np.float32)
 
 
 def _quantize_iq4_nl(blocks: np.ndarray) -> np.ndarray:
-    """ggml's quantize_row_iq4_nl_ref: no scale search (ntry = -1). The levels come from the scale
-    max/-127; the stored scale is then the weighted least-squares one for those levels (weights
-    x²), its sums taken in ggml's order (cumsum is sequential). A block under GROUP_MAX_EPS gets
-    scale 0 (ggml leaves its codes as they were; here they are the level nearest 0)."""
-    signed_max = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None], axis=1)
+    """ggml's quantize_row_iq4_nl_ref: no scale search (ntry = -1). Each value takes the level
+    nearest x·(-127/max) (a tie goes to the upper level, as best_index_int8 picks it: argmin over
+    the levels from the top down); the stored scale is the weighted least-squares one for those
+    levels (weights x²), its two sums taken in ggml's order (cumsum is sequential). A block under
+    GROUP_MAX_EPS gets scale 0 (ggml leaves its codes as they were; here they are whatever the
+    tiny values give)."""
+    signed_max = blocks[np.arange(len(blocks)), np.abs(blocks).argmax(axis=1)][:, None]
     d = signed_max / np.float32(-127)
     inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
-    codes = _nearest_iq4_nl(blocks * inv)
+    codes = (15 - np.abs((blocks * inv)[..., None] - _IQ4_NL_LEVELS_DOWN).argmin(axis=-1)).astype(np.uint8)
     q = IQ4_NL_VALUES[codes].astype(np.float32)
     wq = blocks * blocks * q
-    sum_qx = np.cumsum(wq * blocks, axis=1, dtype=np.float32)[:, -1:]
-    sum_q2 = np.cumsum(wq * q, axis=1, dtype=np.float32)[:, -1:]
-    scale = np.divide(sum_qx, sum_q2, out=np.zeros_like(sum_qx), where=sum_q2 > 0)
-    scale[np.abs(signed_max) < np.float32(1e-15)] = 0
+    sum_qx, sum_q2 = np.cumsum(np.stack([wq * blocks, wq * q]), axis=2, dtype=np.float32)[:, :, -1:]
+    scale = np.divide(sum_qx, sum_q2, out=np.zeros_like(sum_qx), where=(sum_q2 > 0) & (np.abs(signed_max) >= 1e-15))
     return np.concatenate([scale.astype(np.float16).view(np.uint8), codes[:, :16] | (codes[:, 16:] << 4)], axis=1)
 
 
