@@ -587,9 +587,9 @@ class CPUBackend(Backend):
     @staticmethod
     def _attend_rows(q, k, v, mask, scale, softcap, sinks, slopes, kept=None) -> np.ndarray:
         """A few query rows, or rows that each keep few cells (several sequences' decode steps):
-        one numba kernel reads the cache in place (f32/f16 rows, or blocks unpacked a few cells at a
-        time), only the cells each row keeps (`kept`:
-        attention.kept_cells of the mask, listed here when not given)."""
+        one numba kernel reads the cache in place (f32/f16 rows as they are, blocks unpacked a few
+        cells at a time), only the cells each row keeps (`kept`: attention.kept_cells of the mask,
+        listed here when not given)."""
         kernels = attention()
         mask = np.ascontiguousarray(mask, dtype=np.float32)
         cells, count = kept if kept is not None else kernels.kept_cells(mask)
@@ -807,7 +807,7 @@ def row_type(x) -> int:
 
 
 def row_bytes(x) -> np.ndarray:
-    """Cache rows as (cells, bytes of a row): what attention.block_kernels read."""
+    """Cache rows as (cells, bytes of a row): what attention.attend_blocks reads."""
     rows = x.raw if isinstance(x, BlockRows) else x.reshape(len(x), -1)
     return rows.view(np.uint8)
 
