@@ -182,7 +182,7 @@ def _gguf_fallback(qtype: T, name: str):
 
 
 
-# ---- quantization of cache rows (Q8_0, Q4_0), with ggml's reference rounding ------------------
+# ---- quantization of cache rows (the block cache types), with ggml's reference rounding -----------
 
 def _round_half_away(x: np.ndarray) -> np.ndarray:
     return np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))
