@@ -149,10 +149,11 @@ def generate(
         reverse_prompt = [opt.process_escapes(r) for r in reverse_prompt or ()]
     context = context.apply_llama_cpp_flags()
     chain = parse_samplers(samplers)
+    default = SamplerParams()
     _check_mirostat(mirostat, samplers != ";".join(CHAIN), {
-        "--top-k": top_k != 40, "--top-p": top_p != 0.95, "--min-p": min_p != 0.05, "--typical": typical != 1.0,
-        "--top-nsigma": top_n_sigma > 0, "--xtc-probability": xtc_probability > 0, "--dynatemp-range": dynatemp_range > 0,
-        "--dry-multiplier": dry_multiplier != 0})
+        "--top-k": top_k != default.top_k, "--top-p": top_p != default.top_p, "--min-p": min_p != default.min_p,
+        "--typical": typical != default.typ_p, "--top-nsigma": top_n_sigma > 0, "--xtc-probability": xtc_probability > 0,
+        "--dynatemp-range": dynatemp_range > 0, "--dry-multiplier": dry_multiplier != 0})
     biases = [_logit_bias(b) for b in logit_bias or ()]
     constraint = _grammar(grammar, grammar_file, json_schema, json_schema_file)
     if dry_penalty_last_n < 0:
@@ -194,7 +195,7 @@ def generate(
                                    xtc_threshold=xtc_threshold, dynatemp_range=dynatemp_range,
                                    dynatemp_exponent=dynatemp_exp, mirostat=mirostat, mirostat_tau=mirostat_ent,
                                    mirostat_eta=mirostat_lr, grammar=constraint, chain=chain,
-                                   dry_multiplier=dry_multiplier, dry_base=dry_base if dry_base >= 1.0 else 1.75,
+                                   dry_multiplier=dry_multiplier, dry_base=dry_base if dry_base >= 1.0 else default.dry_base,
                                    dry_allowed_length=dry_allowed_length, dry_penalty_last_n=dry_penalty_last_n,
                                    dry_sequence_breakers=breakers, logit_bias=tuple(biases) + eog)
     if talk:
