@@ -15,12 +15,22 @@ from .moe import route
 @dataclass
 class IndexerInput:
     """A DSA layer's lightning-indexer inputs for the ubatch: per token its key (n_tokens, d) to
-    keep, and its queries (n_tokens, n_head, d) and head weights (n_tokens, n_head) to score with."""
-    k: np.ndarray
-    q: np.ndarray
-    w: np.ndarray
+    keep, and its queries (n_tokens, n_head, d) and head weights (n_tokens, n_head) to score with.
+    A layer without an indexer of its own (GLM-DSA's "shared" layers) gives only `reuse`: the
+    earlier layer whose selection it attends with (see `reusing`)."""
+    k: np.ndarray | None = None
+    q: np.ndarray | None = None
+    w: np.ndarray | None = None
+    reuse: int | None = None
+
+    @classmethod
+    def reusing(cls, il: int) -> "IndexerInput":
+        """Attend with layer il's selection: the same query rows keep the same cells."""
+        return cls(reuse=il)
 
     def rows(self, rows) -> "IndexerInput":
+        if self.reuse is not None:
+            return self
         return IndexerInput(self.k, self.q[rows], self.w[rows])
 
 
@@ -40,6 +50,7 @@ class Graph:
         self.out_rows = np.flatnonzero(self.ub.output)
         self._rope_tables: dict[tuple[float, float], object] = {}
         self._masks: dict[tuple[int, int], tuple] = {}
+        self._selections: dict[tuple[int, int], tuple] = {}  # (layer, id of a group's base mask) → its DSA mask
         self.stats = stats  # an AttnStats, to time and count attention per layer (-v)
 
     def cb(self, name: str, il: int, x: np.ndarray) -> np.ndarray:
@@ -74,13 +85,28 @@ class Graph:
             self._rope_tables[key] = self.ops.rope_cache(self.ub.pos, self.hp.n_rot, *key)
         return self.ops.rope(x, self._rope_tables[key], neox=self.hp.rope_neox if neox is None else neox)
 
+    def rope_at(self, x: np.ndarray, base: float, pos: np.ndarray | None = None, inverse: bool = False) -> np.ndarray:
+        """RoPE (adjacent pairs) of x's first n_rot dims at `pos` (the ubatch positions unless given)
+        with this frequency base; `inverse` rotates back (ggml's rope_back: the angles negated, so
+        the same float32 angles with their sign flipped)."""
+        if pos is None:
+            key = ("at", base, inverse)
+            if key not in self._rope_tables:
+                self._rope_tables[key] = self.ops.rope_cache(-self.ub.pos if inverse else self.ub.pos, self.hp.n_rot,
+                                                             base, 1.0)
+            table = self._rope_tables[key]
+        else:
+            table = self.ops.rope_cache(-pos if inverse else pos, self.hp.n_rot, base, 1.0)
+        return self.ops.rope(x, table, neox=False)
+
     def attn(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray | None, scale: float, kq_bias=None,
-             v_dim: int = 0, indexer: "IndexerInput | None" = None) -> np.ndarray:
+             v_dim: int = 0, indexer: "IndexerInput | None" = None, sinks=None) -> np.ndarray:
         """Store this ubatch's K/V for layer il, attend over the memory with the mask the layer's
         producer makes; returns (n_tokens, n_head*d_v). `kq_bias(query_pos, key_pos)` gives a
         per-head bias (n_head, n_rows, n_kv) added to the scores (T5's relative positions).
         v None: V is a view of K, its first v_dim dims per head (MLA's latent). `indexer`: the
-        ubatch's indexer keys to keep and queries for the layer's indexer mask (DSA)."""
+        ubatch's indexer keys to keep and queries for the layer's indexer mask (DSA). `sinks`: one
+        extra logit per head in the softmax's denominator (n_head,), with no value."""
         view = self.mctx.layer(il)
         if indexer is None:
             view.store(k, v)
@@ -89,11 +115,11 @@ class Graph:
         d_v = v_dim if v is None else v.shape[2]
         groups = view.groups()
         if len(groups) == 1:
-            return self._attend(il, q, groups[0], scale, kq_bias, indexer, d_v)[..., :d_v].reshape(len(q), -1)
+            return self._attend(il, q, groups[0], scale, kq_bias, indexer, d_v, sinks)[..., :d_v].reshape(len(q), -1)
         out = self.ops.xp.empty((len(q), q.shape[1], d_v), dtype=np.float32)
         for g in groups:  # one per cache stream
             rows = g.rows if isinstance(g.rows, slice) else self.ops.asarray(g.rows)
-            out[rows] = self._attend(il, q[rows], g, scale, kq_bias, indexer and indexer.rows(rows), d_v)[..., :d_v]
+            out[rows] = self._attend(il, q[rows], g, scale, kq_bias, indexer and indexer.rows(rows), d_v, sinks)[..., :d_v]
         return out.reshape(len(q), -1)
 
     def cross_attn(self, il: int, q: np.ndarray, project, scale: float) -> np.ndarray:
@@ -105,7 +131,7 @@ class Graph:
         mask = self.cross.mask(self.ub.seq_id)
         return self.ops.flash_attn_ext(q, k, v, mask, scale).reshape(len(q), -1)
 
-    def _attend(self, il: int, q, group, scale: float, kq_bias=None, indexer=None, d_v: int = 0):
+    def _attend(self, il: int, q, group, scale: float, kq_bias=None, indexer=None, d_v: int = 0, sinks=None):
         """Attention of one group of query rows. Where V is a view of K, a backend that reads
         strided rows gets that view; the others attend with all of K as values and the caller
         keeps the first d_v dims of the output (the CPU kernels read rows in place that way)."""
@@ -114,20 +140,36 @@ class Graph:
         if values is group.keys and self.ops.reads_value_views:
             values = values[..., :d_v]
         if indexer is not None:
-            mask, n_kv_max = group.produce_mask(il, q, self.ops, {"indexer_q": indexer.q, "indexer_w": indexer.w})
+            mask, n_kv_max = self._dsa_mask(il, q, group, indexer)
             self.cb("dsa_mask", il, mask)
         else:
             mask, n_kv_max = self._mask(il, q, group)
         if kq_bias is not None:  # llama.cpp never uses flash attention with a KQ bias
             out = self.ops.attn_soft_max(q, group.keys, values, mask + kq_bias(group.pos, group.cell_pos), scale)
         else:
-            out = self.ops.flash_attn_ext(q, group.keys, values, mask, scale, n_kv_max=n_kv_max)
+            out = self.ops.flash_attn_ext(q, group.keys, values, mask, scale, sinks=sinks, n_kv_max=n_kv_max)
         if group.observe is not None:
             group.observe(self._attention_mass(q, group.keys, mask, scale))
         if self.stats is not None:
             self.ops.synchronize()
             self.stats.add(il, group, mask, time.perf_counter() - t0, self.ops, n_kv_max)
         return out
+
+    def _dsa_mask(self, il: int, q, group, indexer: IndexerInput):
+        """Layer il's indexer selection for this group of rows, kept for the layers that reuse it.
+        A memory hands every layer of a ubatch the same base mask per group (the same rows over the
+        same cells), so that mask's identity finds the selection the reused layer made for them."""
+        if indexer.reuse is None:
+            produced = self._checked(il, group, group.produce_mask(il, q, self.ops, {"indexer_q": indexer.q,
+                                                                                     "indexer_w": indexer.w}))
+            # holding the base keeps its id from being reused while the key lives
+            self._selections[(il, id(group.mask))] = (group.mask, produced)
+            return produced
+        held = self._selections.get((indexer.reuse, id(group.mask)))
+        if held is None:
+            raise RuntimeError(f"layer {il} reuses the indexer selection of layer {indexer.reuse}, which made none "
+                               "for these rows in this ubatch")
+        return held[1]
 
     def _mask(self, il: int, q, group):
         """The producer's mask; one that ignores the queries is made once per ubatch and group."""
@@ -172,15 +214,23 @@ class Graph:
         """Layer il's recurrent states for this ubatch (a RecurrentView: read, write, seq_index)."""
         return self.mctx.layer(il)
 
-    def ffn(self, x: np.ndarray, gate_up: np.ndarray, down: np.ndarray, act: str) -> np.ndarray:
-        """Gated feed-forward with the gate and up projections fused into one weight."""
-        return self.ops.matmul(self.ops.gated_ffn(self.ops.matmul(x, gate_up), act), down)
+    def ffn(self, x: np.ndarray, gate_up: np.ndarray, down: np.ndarray, act: str, clamp: float = 0.0) -> np.ndarray:
+        """Gated feed-forward with the gate and up projections fused into one weight; a clamp
+        (DeepSeek-V4's SwiGLU) bounds the gate above and the up projection both ways first."""
+        h = self.ops.matmul(x, gate_up)
+        if clamp > 1e-6:  # llama.cpp's threshold for an active clamp
+            xp, n_ff = self.ops.xp, h.shape[1] // 2
+            limit = np.float32(clamp)
+            return self.ops.matmul(self.ops.swiglu(xp.minimum(h[:, :n_ff], limit), xp.clip(h[:, n_ff:], -limit, limit)),
+                                   down)
+        return self.ops.matmul(self.ops.gated_ffn(h, act), down)
 
     def moe(self, x: np.ndarray, p, w, act: str = "swiglu", il: int = -1) -> np.ndarray:
         """A mixture-of-experts FFN (`p` MoEParams, `w` MoEWeights): the router picks each token's
         experts, each expert runs over only the rows routed to it, and their outputs are summed with
         the router's weights; shared experts run for every row."""
-        r = route(self.ops.to_numpy(self.ops.matmul(x, w.router)), p, w.selection_bias)
+        by_token = None if w.by_token is None else w.by_token[self.ub.tokens]
+        r = route(self.ops.to_numpy(self.ops.matmul(x, w.router)), p, w.selection_bias, by_token)
         self.cb("ffn_moe_topk", il, r.experts)
         self.cb("ffn_moe_weights", il, r.weights)
         if r.groups is not None:
@@ -188,10 +238,10 @@ class Graph:
         out = self.ops.xp.zeros(x.shape, dtype=np.float32)
         for e in np.unique(r.experts):
             rows, slot = np.nonzero(r.experts == e)
-            h = self.ffn(self.ops.take_rows(x, rows), w.gate_up[e], w.down[e], act)
+            h = self.ffn(self.ops.take_rows(x, rows), w.gate_up[e], w.down[e], act, w.clamp)
             out[self.ops.asarray(rows)] += h * self.ops.asarray(r.weights[rows, slot])[:, None]
         if w.shared_gate_up is not None:
-            out += self.ffn(x, w.shared_gate_up, w.shared_down, act)
+            out += self.ffn(x, w.shared_gate_up, w.shared_down, act, w.shared_clamp)
         return out
 
     def per_head(self, x, weights: list):

@@ -12,7 +12,7 @@ from .errors import ModelFileError
 from .gguf import GGUFFile
 
 # llama_expert_gating_func_type as GGUF files store it (3, softmax over the chosen weights: not supported)
-GATING = {1: "softmax", 2: "sigmoid"}
+GATING = {1: "softmax", 2: "sigmoid", 4: "sqrtsoftplus"}
 MAX_EXPERTS = 1 << 12
 WEIGHTS_SUM_MIN = 6.103515625e-5  # llama.cpp clamps the sum before normalizing (the smallest normal f16)
 
@@ -69,6 +69,9 @@ class MoEWeights:
     selection_bias: np.ndarray | None = None  # exp_probs_b: added to the scores for choosing only
     shared_gate_up: object = None  # the shared experts' FFN, if any
     shared_down: object = None
+    by_token: np.ndarray | None = None  # hash routing (DeepSeek-V4): each token id's experts, (n_vocab, n_used)
+    clamp: float = 0.0  # clamped SwiGLU (gate ≤ clamp, |up| ≤ clamp) of the routed experts (0: none)
+    shared_clamp: float = 0.0  # and of the shared experts
 
 
 @dataclass
@@ -83,14 +86,25 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-scores, axis=-1, kind="stable")[..., :k]
 
 
-def route(logits: np.ndarray, p: MoEParams, selection_bias: np.ndarray | None = None) -> Route:
-    """Each token's experts and their weights from the router's logits (n_tokens, n_expert)."""
-    logits = np.asarray(logits, dtype=np.float32)
-    if p.gating == "softmax":
+def gate_probs(logits: np.ndarray, gating: str) -> np.ndarray:
+    """The router's probabilities: softmax over the experts, or each expert's sigmoid, or
+    sqrt(softplus) (softplus(x) = x above 20, as ggml computes it)."""
+    if gating == "softmax":
         e = np.exp(logits - logits.max(axis=-1, keepdims=True))
-        probs = e / e.sum(axis=-1, keepdims=True)
-    else:
-        probs = np.float32(1.0) / (np.float32(1.0) + np.exp(-logits))
+        return e / e.sum(axis=-1, keepdims=True)
+    if gating == "sqrtsoftplus":
+        return np.sqrt(np.where(logits > 20, logits, np.log1p(np.exp(np.minimum(logits, 20)))))
+    return np.float32(1.0) / (np.float32(1.0) + np.exp(-logits))
+
+
+def route(logits: np.ndarray, p: MoEParams, selection_bias: np.ndarray | None = None,
+          experts: np.ndarray | None = None) -> Route:
+    """Each token's experts and their weights from the router's logits (n_tokens, n_expert);
+    `experts` given (hash routing) fixes the choice, and the router only weighs it."""
+    logits = np.asarray(logits, dtype=np.float32)
+    probs = gate_probs(logits, p.gating).astype(np.float32)
+    if experts is not None:
+        return _weighed(probs, np.asarray(experts, dtype=np.int64), p)
     selection = probs if selection_bias is None else probs + selection_bias
     groups = None
     if p.n_group > 1:  # a group scores the sum of its two best experts; the rest are closed
@@ -100,13 +114,19 @@ def route(logits: np.ndarray, p: MoEParams, selection_bias: np.ndarray | None = 
         open_ = np.zeros(per_group.shape[:2], dtype=bool)
         np.put_along_axis(open_, groups, True, axis=1)
         selection = np.where(np.repeat(open_, per_group.shape[-1], axis=1), selection, -np.inf)
-    experts = top_k(selection, p.n_used)
+    chosen = _weighed(probs, top_k(selection, p.n_used), p)
+    chosen.groups = groups
+    return chosen
+
+
+def _weighed(probs: np.ndarray, experts: np.ndarray, p: MoEParams) -> Route:
+    """The chosen experts' weights: their probabilities, normalized and scaled as the model says."""
     weights = np.take_along_axis(probs, experts, axis=1)
     if p.norm_weights:
         weights = weights / np.maximum(weights.sum(axis=1, keepdims=True), np.float32(WEIGHTS_SUM_MIN))
     if p.weights_scale:
         weights = weights * np.float32(p.weights_scale)
-    return Route(experts, weights.astype(np.float32), groups)
+    return Route(experts, weights.astype(np.float32))
 
 
 def load_moe(model, gguf: GGUFFile, blk: str, p: MoEParams, n_embd: int) -> MoEWeights:

@@ -28,8 +28,6 @@ from .base import HParams
 from .deepseek2 import DeepSeek2, MLALayer
 from .registry import register
 
-INDEXER_NORM_EPS = 1e-6  # llama.cpp hard-codes the indexer's LayerNorm epsilon
-
 
 @dataclass(frozen=True)
 class IndexerParams:
@@ -53,6 +51,12 @@ class DeepSeek32(DeepSeek2):
     ops = DeepSeek2.ops + ("NORM",)  # the indexer's key norm
     attn_impls = ("mla",)  # the indexer selects among latent cells
     gating_default = None  # llama.cpp requires expert_gating_func here
+    indexer_neox = True  # the indexer's RoPE mode on the first n_rot dims of its heads
+    indexer_norm_eps = 1e-6  # llama.cpp hard-codes the indexer's LayerNorm epsilon
+
+    def indexer_full(self, il: int) -> bool:
+        """Whether layer il has an indexer of its own (every DeepSeek-3.2 layer has)."""
+        return True
 
     def load_hparams(self, gguf: GGUFFile) -> HParams:
         hp = super().load_hparams(gguf)
@@ -68,6 +72,8 @@ class DeepSeek32(DeepSeek2):
 
     def load_layer(self, gguf: GGUFFile, il: int) -> MLALayer:
         layer = super().load_layer(gguf, il)
+        if not self.indexer_full(il):
+            return layer
         hp, ix, blk = self.hparams, self.indexer, f"blk.{il}.indexer"
         layer.indexer = IndexerWeights(
             wq=self.weight(gguf, f"{blk}.attn_q_b.weight", (ix.n_head * ix.head_dim, self.mla.q_lora)),
@@ -80,13 +86,14 @@ class DeepSeek32(DeepSeek2):
     def indexer_spec(self) -> IndexerSpec:
         hp = self.hparams
         return IndexerSpec(self.indexer.head_dim, self.indexer.top_k,
-                           RopeSpec(self.mla.qk_rope, hp.rope_freq_base, hp.rope_freq_scale, neox=True), hadamard=True)
+                           RopeSpec(self.mla.qk_rope, hp.rope_freq_base, hp.rope_freq_scale, neox=self.indexer_neox),
+                           hadamard=True)
 
     def indexer_input(self, g, il: int, layer: MLALayer, h, q_a) -> IndexerInput:
         ix, w = self.indexer, layer.indexer
-        q = g.rope(g.linear(q_a, w.wq).reshape(len(h), ix.n_head, ix.head_dim), il, neox=True)
-        k = g.ops.norm(g.linear(h, w.wk), INDEXER_NORM_EPS) * w.k_norm + w.k_norm_bias
-        k = g.rope(k.reshape(len(h), 1, ix.head_dim), il, neox=True)
+        q = g.rope(g.linear(q_a, w.wq).reshape(len(h), ix.n_head, ix.head_dim), il, neox=self.indexer_neox)
+        k = g.ops.norm(g.linear(h, w.wk), self.indexer_norm_eps) * w.k_norm + w.k_norm_bias
+        k = g.rope(k.reshape(len(h), 1, ix.head_dim), il, neox=self.indexer_neox)
         weights = g.linear(h, w.proj) * np.float32(1.0 / math.sqrt(ix.head_dim * ix.n_head))
         basis = g.ops.asarray(self.rotation)
         return IndexerInput(k.reshape(len(h), ix.head_dim) @ basis, q @ basis, weights)
