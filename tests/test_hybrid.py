@@ -99,7 +99,9 @@ def test_ubatch_size_does_not_change_logits(name):
     ids = reference(name)["ids"]
     one_pass, _ = decode(name, ids, n_ubatch=96)
     split, _ = decode(name, ids, n_ubatch=16)
-    np.testing.assert_allclose(split, one_pass, atol=1e-5, rtol=0)
+    # float order only: 1e-5 of the logits' scale (an AMD EPYC's kernels differ by 1.2e-5 absolute where
+    # the largest logits are near 5; an Intel Xeon's stayed under 1e-5)
+    assert np.abs(split - one_pass).max() <= 1e-5 * np.abs(one_pass).max()
 
 
 @pytest.mark.float_reference
@@ -121,13 +123,16 @@ def test_a_sequence_alone_equals_it_in_a_batch_of_three(name, kv):
 
 @pytest.mark.parametrize("name", ARCHS)
 def test_save_load_continue_equals_an_uninterrupted_run(name):
+    """The same batches with and without a save and load between them (one 96-token pass instead
+    would take other kernels: under ggml numerics their roundings differ by up to 6e-3 on an AMD EPYC)."""
     ids = reference(name)["ids"]
-    whole, _ = decode(name, ids)
     _, first = decode(name, ids[:50])
+    data = first.state_bytes(ids[:50])
+    assert first.decode(Batch.from_tokens(ids[50:], pos0=50, all_outputs=True)) == OK
     ctx = Context(model(name), ContextParams(n_ctx=2048))
-    assert ctx.load_state_bytes(first.state_bytes(ids[:50])) == ids[:50]
+    assert ctx.load_state_bytes(data) == ids[:50]
     assert ctx.decode(Batch.from_tokens(ids[50:], pos0=50, all_outputs=True)) == OK
-    np.testing.assert_allclose(ctx.logits, whole[50:], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(ctx.logits, first.logits, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("name", ARCHS)
