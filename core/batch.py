@@ -93,6 +93,9 @@ class BatchAllocator:
             idx = np.flatnonzero(seq_id == s)
             last = memory.seq_pos_max(int(s)) if memory is not None else -1
             start = int(pos[idx[0]]) if given else last + 1
+            refusal = memory.start_refusal(int(s), start) if memory is not None and last < 0 else ""
+            if refusal:
+                raise InvalidInputError(refusal)
             if start + len(idx) > POS_LIMIT:
                 raise InvalidInputError(f"sequence {s} would pass the largest position {POS_LIMIT - 1}")
             if not given:

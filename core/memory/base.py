@@ -186,6 +186,10 @@ class Memory(ABC):
         """Why seq_rm(seq, p0, p1) would be refused ("": it would not); changes nothing."""
         return ""
 
+    def start_refusal(self, seq: int, pos: int) -> str:
+        """Why an empty sequence cannot start at `pos` ("": it can)."""
+        return ""
+
     def update(self, backend) -> bool:
         """Apply pending work (the K-shift, with `backend`'s rope); True if anything changed."""
         return False

@@ -47,6 +47,9 @@ class CompositeMemory(Memory):
     def removal_refusal(self, seq: int, p0: int = -1, p1: int = -1) -> str:
         return next((r for child in self.children if (r := child.removal_refusal(seq, p0, p1))), "")
 
+    def start_refusal(self, seq: int, pos: int) -> str:
+        return next((r for child in self.children if (r := child.start_refusal(seq, pos))), "")
+
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
         self.refusal = self.removal_refusal(seq, p0, p1)
         if self.refusal:

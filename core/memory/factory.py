@@ -19,6 +19,7 @@ from ..errors import InvalidInputError
 from ..plugins import register
 from .base import Memory
 from .composite import HybridMemory
+from .dsv4 import DSV4Memory, window_cells
 from .iswa import KVCacheISWA, swa_cache_size
 from .kv_cache import KVCache
 from .masks import TOPK_AUTO_MIN_KV, TOPK_AUTO_RATIO, BlockTopK, IndexerTopK, MaskProducer, SparseParams, parse_layers
@@ -118,6 +119,8 @@ def mask_producers(spec: MemorySpec, p: MemoryParams) -> dict[int, MaskProducer]
 
 
 def default_kind(spec: MemorySpec) -> str:
+    if _compressed(spec):
+        return "dsv4"
     if spec.layers and len(spec.of(RecurrentSpec)) == len(spec.layers):
         return "recurrent"
     if spec.of(RecurrentSpec):
@@ -144,6 +147,11 @@ def _indexed(spec: MemorySpec) -> bool:
     return any(layer.indexer for layer in spec.of(AttnSpec).values())
 
 
+def _compressed(spec: MemorySpec) -> dict[int, AttnSpec]:
+    """The layers that attend compressed rows beside their window (DeepSeek-V4)."""
+    return {il: layer for il, layer in spec.of(AttnSpec).items() if layer.compress is not None}
+
+
 def create_memory(plan, p: MemoryParams, backend) -> Memory:
     """The memory a resolved plan (core/plan.py) names, for the layout the model declared, its
     arrays in the backend's array module; the cache types are checked against the layer widths and
@@ -156,6 +164,8 @@ def create_memory(plan, p: MemoryParams, backend) -> Memory:
                 check_cache_type(p.type_v, layer.v_width)
             if layer.indexer:
                 check_cache_type(p.type_k, layer.indexer.head_dim)
+            if layer.compress and layer.compress.indexer:
+                check_cache_type(p.type_k, layer.compress.indexer.head_dim)
     check_fits(kind.nbytes(spec, p), p.n_ctx, backend.xp)
     return kind.build(spec, p, backend)
 
@@ -168,6 +178,9 @@ def attention_refusal(name: str):
         if spec.of(RecurrentSpec) and not spec.of(AttnSpec):
             return (f"--kv {name} caches attention keys and values; {arch} has recurrent layers only "
                     f"(use --kv {default_kind(spec)} or --kv none)")
+        if _compressed(spec):
+            return (f"--kv {name} caches keys and values per token; {arch}'s layers attend compressed rows beside a "
+                    "window of raw keys (use --kv dsv4, or --kv none)")
         if name == "iswa" and not spec.window_layers:
             return f"--kv iswa needs sliding-window layers; {arch} has none"
         if _latent(spec):
@@ -244,6 +257,9 @@ def _hybrid_memory(spec: MemorySpec, p: MemoryParams, backend) -> Memory:
 
 def _latent_only(name: str):
     def refuses(spec: MemorySpec, arch: str, p: MemoryParams) -> str | None:
+        if _compressed(spec):
+            return (f"--kv {name} caches the latent of multi-head latent attention; {arch} attends one key head "
+                    "with compressed rows beside a window (use --kv dsv4, or --kv none)")
         if not _latent(spec):
             what = "the latent of multi-head latent attention (--attn-impl mla)"
             if name == "dsa":
@@ -271,6 +287,37 @@ def _dsa(spec: MemorySpec, p: MemoryParams, backend) -> Memory:
                    producers=mask_producers(spec, p))
 
 
+def _dsv4_only(spec: MemorySpec, arch: str, p: MemoryParams) -> str | None:
+    if not _compressed(spec):
+        return (f"--kv dsv4 keeps DeepSeek-V4's compressed rows beside a window; {arch} has no compressed layers "
+                f"(use --kv {default_kind(spec)})")
+    if p.type_k != p.type_v:
+        return (f"--kv dsv4 keeps keys only ({arch}'s values are its keys): -ctk {p.type_k} and -ctv {p.type_v} "
+                "must be equal")
+    return None
+
+
+def _dsv4_bytes(spec: MemorySpec, p: MemoryParams) -> int:
+    """The window cache's rows, the compressed rows and the compressor rings."""
+    n_ctx_seq = p.n_ctx // p.n_seq_max
+    cells = window_cells(n_ctx_seq, spec.window, p.n_ubatch) * p.n_seq_max
+    total = sum(cells * row_bytes(p.type_k, layer.k_width) for layer in spec.of(AttnSpec).values())
+    for layer in _compressed(spec).values():
+        c = layer.compress
+        widths = [c.width] + ([c.indexer.head_dim] if c.indexer else [])
+        for width in widths:
+            total += p.n_seq_max * (-(-n_ctx_seq // c.ratio) * row_bytes(p.type_k, width)
+                                    + 2 * 4 * c.state_size * (2 * width if c.overlap else width))
+    return total
+
+
+@memory_kind("dsv4", _dsv4_bytes, _dsv4_only)
+def _dsv4(spec: MemorySpec, p: MemoryParams, backend) -> Memory:
+    """llama_kv_cache_dsv4: every layer's raw keys in a window cache (a stream per sequence), the
+    compressed layers' rows and compressor rings per sequence."""
+    return DSV4Memory(spec.of(AttnSpec), p.n_ctx, p.n_seq_max, p.n_ubatch, spec.window, p.type_k, backend=backend)
+
+
 def _recurrent_only(spec: MemorySpec, arch: str, p: MemoryParams) -> str | None:
     if spec.of(AttnSpec):
         return (f"--kv recurrent holds recurrent states; {arch} has attention layers "
@@ -291,7 +338,7 @@ def _recurrent(spec: MemorySpec, p: MemoryParams, backend) -> Memory:
 @memory_kind("none", lambda spec, p: 0, lambda spec, arch, p: None, holds_kv=False)
 def _none(spec: MemorySpec, p: MemoryParams, backend) -> Memory:
     return NoKVMemory(p.n_seq_max, n_vocab=spec.n_vocab, recurrent=spec.of(RecurrentSpec),
-                      producers=mask_producers(spec, p), xp=backend.xp, **_window(spec))
+                      producers=mask_producers(spec, p), xp=backend.xp, compressed=_compressed(spec), **_window(spec))
 
 
 def kv_choices() -> tuple[str, ...]:

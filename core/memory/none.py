@@ -12,17 +12,21 @@ import numpy as np
 from ..batch import POS_LIMIT, UBatch
 from ..statefile import StateReader, StateWriter
 from .base import AttnGroup, BoundAttnView, LoadedState, Memory, MemoryContext, MemoryStatus, open_range
+from .compressed import CompressedMemory, first_position_refusal
+from .dsv4 import CompressedLayerView
 from .masks import BlockTopK, CausalMask, KeyBounds, MaskProducer, WindowMask
 from .recurrent import ScratchRecurrentView
-from .spec import RecurrentSpec
+from .spec import AttnSpec, RecurrentSpec
 
 
 class NoKVMemory(Memory):
     kind = "none"
 
     def __init__(self, n_seq_max: int = 1, n_swa: int = 0, swa_layers=frozenset(), n_vocab: int = 1 << 31,
-                 recurrent: dict[int, RecurrentSpec] | None = None, producers: dict | None = None, xp=np):
+                 recurrent: dict[int, RecurrentSpec] | None = None, producers: dict | None = None, xp=np,
+                 compressed: dict[int, AttnSpec] | None = None):
         self.n_seq_max, self.n_swa, self.swa_layers = n_seq_max, n_swa, frozenset(swa_layers)
+        self.compressed = compressed or {}  # DeepSeek-V4's compressed layers: their rows pooled from the history
         self.producers = producers or {}  # layer → mask producer where not the causal or window mask
         self.window, self.causal = WindowMask(n_swa), CausalMask()
         self.n_vocab = n_vocab
@@ -33,6 +37,9 @@ class NoKVMemory(Memory):
         if il in self.producers:
             return self.producers[il]
         return self.window if il in self.swa_layers and self.n_swa > 0 else self.causal
+
+    def start_refusal(self, seq: int, pos: int) -> str:
+        return first_position_refusal(seq, pos) if self.compressed else ""
 
     def prepare(self, ubatches: list[UBatch]) -> bool:
         """A history grows without bound: every batch fits."""
@@ -129,6 +136,7 @@ class NoKVContext(MemoryContext):
         self.expanded: UBatch | None = None
         self.kv: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._mask = None
+        self.compressed = None  # the compressed rows of the history and ubatch, made anew for each ubatch
         self._undo: list[tuple[int, int]] = []  # (sequence, history length before apply)
 
     @property
@@ -156,6 +164,11 @@ class NoKVContext(MemoryContext):
             mine = ub.seq_id == s
             self.memory.append(s, ub.tokens[mine], ub.pos[mine])
         self.kv, self._mask = {}, None
+        if self.memory.compressed:
+            scratch = CompressedMemory(self.memory.compressed, self.memory.n_seq_max,
+                                       int(self.expanded.pos.max()) + 1, "f32", self.memory.xp)
+            self.compressed = scratch.context([self.expanded], True)
+            self.compressed.apply()
 
     def rollback(self) -> None:
         for s, n in self._undo:
@@ -165,6 +178,8 @@ class NoKVContext(MemoryContext):
     def layer(self, il: int):
         if il in self.memory.recurrent:
             return ScratchRecurrentView(self.memory.recurrent[il], self.expanded.seq_id, self.memory.xp)
+        if il in self.memory.compressed:
+            return CompressedLayerView(BoundAttnView(self, il), self.compressed, il, self.memory.xp)
         return BoundAttnView(self, il)
 
     def store(self, il: int, k: np.ndarray, v: np.ndarray | None = None, indexer_k: np.ndarray | None = None) -> None:

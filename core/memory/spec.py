@@ -27,10 +27,34 @@ class IndexerSpec:
 
 
 @dataclass(frozen=True)
+class CompressSpec:
+    """DeepSeek-V4's compressed rows of a layer: every `ratio` tokens of a sequence pool into one
+    row of `width` values (a softmax-gated sum of per-token projections, then the model's norm and
+    rope), visible from the block's last token on. With `overlap` (ratio 4) a row pools its block's
+    second halves with the block before's first halves, so the projections are twice as wide. An
+    `indexer` keeps its own compressed keys, compressed the same way, and each query attends only
+    the top_k rows they score best (CSA); without one every visible row is attended (HCA)."""
+    ratio: int
+    width: int
+    overlap: bool = False
+    indexer: IndexerSpec | None = None
+
+    @property
+    def state_size(self) -> int:
+        """Per-token projections a sequence keeps for its unfinished blocks."""
+        return 2 * self.ratio if self.overlap else self.ratio
+
+    @property
+    def proj_width(self) -> int:
+        return 2 * self.width if self.overlap else self.width
+
+
+@dataclass(frozen=True)
 class AttnSpec:
     """An attention layer: K/V rows of n_head_kv heads; window > 0 for a sliding-window layer;
     rope None when the keys carry no position rotation (nothing to shift). With `v_view` no V is
-    stored: the values are the first head_dim_v dims of each key head (MLA's latent)."""
+    stored: the values are the first head_dim_v dims of each key head (MLA's latent). A `compress`
+    layer attends its compressed rows too (memory/compressed.py)."""
     n_head_kv: int
     head_dim_k: int
     head_dim_v: int
@@ -38,6 +62,7 @@ class AttnSpec:
     rope: RopeSpec | None = None
     v_view: bool = False
     indexer: IndexerSpec | None = None
+    compress: CompressSpec | None = None  # compressed rows attended beside the cached keys (DeepSeek-V4)
 
     @property
     def k_width(self) -> int:

@@ -7,7 +7,7 @@ from pathlib import Path
 from ..backend import get_backend
 from ..errors import UnsupportedError
 from ..gguf import GGUFFile
-from . import bert, deepseek2, deepseek32, gemma3, glm_dsa, granitehybrid, lfm2, llama, mamba, mamba2, qwen3, t5  # noqa: F401
+from . import bert, deepseek2, deepseek4, deepseek32, gemma3, glm_dsa, granitehybrid, lfm2, llama, mamba, mamba2, qwen3, t5  # noqa: F401
 from .base import HParams, Model, ProgressFn
 from .registry import ARCHITECTURES
 

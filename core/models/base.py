@@ -74,10 +74,12 @@ MAX_VOCAB = 1 << 24
 MAX_ROPE_BASE = 1e12  # real models use up to ~1e7; float32 must hold its powers
 
 
-def read_hparams(gguf: GGUFFile, arch: str, block_prefix: str = "blk.", hybrid: bool = False) -> HParams:
+def read_hparams(gguf: GGUFFile, arch: str, block_prefix: str = "blk.", hybrid: bool = False,
+                 n_ff_default: int | None = None) -> HParams:
     """The hyper-parameters every transformer GGUF carries, checked for type, range and
     consistency with each other and with the tensors in the file (blocks named block_prefix N.).
-    A `hybrid` architecture marks its recurrent layers with a 0 in a per-layer head_count_kv."""
+    A `hybrid` architecture marks its recurrent layers with a 0 in a per-layer head_count_kv;
+    `n_ff_default` stands for a feed_forward_length the architecture does not require."""
     key = lambda name: f"{arch}.{name}"  # noqa: E731
     get = lambda name, *a, **kw: gguf.get_int(key(name), *a, per_layer=True, **kw)  # noqa: E731
     n_embd = get("embedding_length", lo=1, hi=MAX_EMBD)
@@ -108,7 +110,7 @@ def read_hparams(gguf: GGUFFile, arch: str, block_prefix: str = "blk.", hybrid: 
         n_head_kv=n_head_kv,
         head_dim_k=head_dim_k,
         head_dim_v=get("attention.value_length", head_dim_k, lo=1, hi=MAX_HEAD_DIM),
-        n_ff=get("feed_forward_length", lo=1, hi=MAX_FF),
+        n_ff=get("feed_forward_length", *(() if n_ff_default is None else (n_ff_default,)), lo=1, hi=MAX_FF),
         n_rot=n_rot,
         rms_eps=gguf.get_float(key("attention.layer_norm_rms_epsilon"), 1e-5, hi=1.0, positive=True),
         rope_freq_base=gguf.get_float(key("rope.freq_base"), 10000.0, hi=MAX_ROPE_BASE, positive=True),
