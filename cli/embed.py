@@ -57,6 +57,8 @@ def embed(
     n_seq = min(len(inputs), MAX_SEQ) if context.parallel is None else context.parallel
     params = context.params(n_ubatch=ubatch, n_seq_max=n_seq, embeddings=True, pooling=pooling)
     lm, _ = open_model(model, context.backend, (params.type_k, params.type_v), context.numerics)
+    if lm.embeddings_refusal:
+        raise InvalidInputError(lm.embeddings_refusal)
     if pooling == "auto" and not lm.hparams.pooling:
         raise InvalidInputError(f"{lm.name} ({lm.arch}) has no pooling type: give --pooling mean or last "
                                 "(or none for one vector per token)")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .hyper import clamped_swiglu
 from .moe import route
 
 
@@ -48,7 +49,7 @@ class Graph:
         self.ops = backend
         self.n_tokens = self.ub.n_tokens
         self.out_rows = np.flatnonzero(self.ub.output)
-        self._rope_tables: dict[tuple[float, float], object] = {}
+        self._rope_tables: dict[tuple, object] = {}
         self._masks: dict[tuple[int, int], tuple] = {}
         self._selections: dict[tuple[int, int], tuple] = {}  # (layer, id of a group's base mask) → its DSA mask
         self.stats = stats  # an AttnStats, to time and count attention per layer (-v)
@@ -85,18 +86,20 @@ class Graph:
             self._rope_tables[key] = self.ops.rope_cache(self.ub.pos, self.hp.n_rot, *key)
         return self.ops.rope(x, self._rope_tables[key], neox=self.hp.rope_neox if neox is None else neox)
 
-    def rope_at(self, x: np.ndarray, base: float, pos: np.ndarray | None = None, inverse: bool = False) -> np.ndarray:
+    def rope_at(self, x: np.ndarray, base: float, pos: np.ndarray | None = None, inverse: bool = False,
+                freq_scale: float = 1.0, scaling=None) -> np.ndarray:
         """RoPE (adjacent pairs) of x's first n_rot dims at `pos` (the ubatch positions unless given)
-        with this frequency base; `inverse` rotates back (ggml's rope_back: the angles negated, so
-        the same float32 angles with their sign flipped)."""
+        with this frequency base and scale (and YaRN's `scaling`, a backend.base.Yarn); `inverse`
+        rotates back (ggml's rope_back: the angles negated, so the same float32 angles with their
+        sign flipped)."""
+        args = (self.hp.n_rot, base, freq_scale, scaling)
         if pos is None:
-            key = ("at", base, inverse)
+            key = ("at", inverse, *args)
             if key not in self._rope_tables:
-                self._rope_tables[key] = self.ops.rope_cache(-self.ub.pos if inverse else self.ub.pos, self.hp.n_rot,
-                                                             base, 1.0)
+                self._rope_tables[key] = self.ops.rope_cache(-self.ub.pos if inverse else self.ub.pos, *args)
             table = self._rope_tables[key]
         else:
-            table = self.ops.rope_cache(-pos if inverse else pos, self.hp.n_rot, base, 1.0)
+            table = self.ops.rope_cache(-pos if inverse else pos, *args)
         return self.ops.rope(x, table, neox=False)
 
     def attn(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray | None, scale: float, kq_bias=None,
@@ -219,10 +222,8 @@ class Graph:
         (DeepSeek-V4's SwiGLU) bounds the gate above and the up projection both ways first."""
         h = self.ops.matmul(x, gate_up)
         if clamp > 1e-6:  # llama.cpp's threshold for an active clamp
-            xp, n_ff = self.ops.xp, h.shape[1] // 2
-            limit = np.float32(clamp)
-            return self.ops.matmul(self.ops.swiglu(xp.minimum(h[:, :n_ff], limit), xp.clip(h[:, n_ff:], -limit, limit)),
-                                   down)
+            n_ff = h.shape[1] // 2
+            return self.ops.matmul(clamped_swiglu(self.ops, h[:, :n_ff], h[:, n_ff:], clamp), down)
         return self.ops.matmul(self.ops.gated_ffn(h, act), down)
 
     def moe(self, x: np.ndarray, p, w, act: str = "swiglu", il: int = -1) -> np.ndarray:

@@ -282,11 +282,30 @@ register(Op("NORM", make=lambda p, rng: dict(x=_f32(rng, p["ne"][1], p["ne"][0],
 # ---- ROPE ----------------------------------------------------------------------------------
 
 
+def _yarn_ref(theta_extrap, p):
+    """YaRN as the YaRN paper's reference code mixes the angles (and as ggml's rope_yarn does), in
+    float64: the correction dims where a pair turns fewer than beta times over n_ctx_orig, the ramp
+    between them, the magnitude factor."""
+    n_rot, fs = p["n_dims"], p["freq_scale"]
+
+    def corr_dim(beta):
+        return n_rot * math.log(p["n_ctx_orig"] / (beta * 2 * math.pi)) / (2 * math.log(p["freq_base"]))
+
+    low, high = max(0, math.floor(corr_dim(32.0))), min(n_rot - 1, math.ceil(corr_dim(1.0)))
+    ramp = 1 - np.clip((np.arange(n_rot // 2) - low) / max(0.001, high - low), 0, 1)
+    mix = ramp * p["ext_factor"]
+    mscale = p["attn_factor"] * (1 + 0.1 * math.log(1 / fs))
+    return theta_extrap * fs * (1 - mix) + theta_extrap * mix, mscale
+
+
 def _rope_ref(i, p):
     x = i["x"].astype(np.float64)
     n_rot, pos = p["n_dims"], i["pos"].astype(np.float64)
     theta = pos[:, None] * p["freq_scale"] * p["freq_base"] ** (-2.0 * np.arange(n_rot // 2) / n_rot)
-    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    mscale = 1.0
+    if p.get("ext_factor"):
+        theta, mscale = _yarn_ref(pos[:, None] * p["freq_base"] ** (-2.0 * np.arange(n_rot // 2) / n_rot), p)
+    c, s = mscale * np.cos(theta)[:, None, :], mscale * np.sin(theta)[:, None, :]
     out = x.copy()
     if p["mode"] == "neox":
         a, b_ = x[..., : n_rot // 2], x[..., n_rot // 2: n_rot]
@@ -298,18 +317,30 @@ def _rope_ref(i, p):
 
 
 def _rope_run(b, i, p):
-    table = b.rope_cache(i["pos"], p["n_dims"], p["freq_base"], p["freq_scale"])
+    from .backend.base import yarn
+
+    scaling = yarn(p["n_dims"], p["n_ctx_orig"], p["freq_base"], p["freq_scale"], ext_factor=p["ext_factor"],
+                   attn_factor=p["attn_factor"]) if p.get("ext_factor") else None
+    table = b.rope_cache(i["pos"], p["n_dims"], p["freq_base"], p["freq_scale"], scaling)
     return b.rope(i["x"], table, neox=p["mode"] == "neox")
 
 
 register(Op(
     "ROPE",
+    # back: negative positions rotate back (ggml's rope_back, DeepSeek-V4's de-rope of its attention output)
     make=lambda p, rng: dict(x=_f32(rng, p["ne"][2], p["ne"][1], p["ne"][0]),
-                             pos=rng.integers(0, 512, p["ne"][2]).astype(np.int32)),
+                             pos=rng.integers(-512 if p.get("back") else 0, 512, p["ne"][2]).astype(np.int32)),
     reference=_rope_ref, run=_rope_run,
     cases=lambda quick: [dict(ne=[hd, nh, nt], n_dims=nd, mode=mode, freq_base=fb, freq_scale=fs)
                          for hd, nd in ((64, 64), (128, 128), (128, 64), (256, 256)) for nh, nt in ((4, 1), (9, 7))
-                         for mode in ("normal", "neox") for fb, fs in ((10000.0, 1.0), (1e6, 0.25))],
+                         for mode in ("normal", "neox") for fb, fs in ((10000.0, 1.0), (1e6, 0.25))]
+    + [dict(ne=[32, nh, nt], n_dims=32, mode="normal", freq_base=fb, freq_scale=1.0, back=True)
+       for nh, nt in ((64, 1), (4, 9)) for fb in (10000.0, 160000.0)]
+    # YaRN as DeepSeek-V4's compressed layers apply it (factor 16 over 65536, the magnitude factor cancelled)
+    + [dict(ne=[hd, nh, 5], n_dims=nd, mode="normal", freq_base=160000.0, freq_scale=1 / 16, n_ctx_orig=65536,
+            ext_factor=1.0, attn_factor=1 / (1 + 0.1 * math.log(16)), back=True) for hd, nd, nh in ((64, 64, 8), (128, 64, 3))]
+    + [dict(ne=[128, 2, 5], n_dims=128, mode="normal", freq_base=10000.0, freq_scale=0.25, n_ctx_orig=4096,
+            ext_factor=1.0, attn_factor=1.0)],
 ))
 
 # ---- SOFT_MAX ------------------------------------------------------------------------------
@@ -416,14 +447,27 @@ def _glu_parts(i):
 
 
 def _glu_run(b, i, p, name):
+    if p.get("limit"):
+        from .hyper import clamped_swiglu
+
+        return clamped_swiglu(b, *_glu_parts(i), p["limit"])
     return getattr(b, name)(i["gate"], i["up"]) if p["split"] else b.gated_ffn(i["x"], name)
 
 
+def _glu_ref(i, p, fn):
+    gate, up = (part.astype(np.float64) for part in _glu_parts(i))
+    if p.get("limit"):  # DeepSeek-V4's clamped SwiGLU
+        gate, up = np.minimum(gate, p["limit"]), np.clip(up, -p["limit"], p["limit"])
+    return fn(gate) * up
+
+
 for _name, _fn in (("SWIGLU", _silu_ref), ("GEGLU", _gelu_ref)):
-    register(Op(_name, make=_glu_make,
-                reference=lambda i, p, fn=_fn: fn(_glu_parts(i)[0].astype(np.float64)) * _glu_parts(i)[1],
+    register(Op(_name, make=_glu_make, reference=lambda i, p, fn=_fn: _glu_ref(i, p, fn),
                 run=lambda b, i, p, n=_name.lower(): _glu_run(b, i, p, n),
-                cases=lambda quick: [dict(type="f32", ne=s, split=split) for s in _SHAPES for split in (True, False)]))
+                cases=lambda quick, n=_name: [dict(type="f32", ne=s, split=split) for s in _SHAPES
+                                              for split in (True, False)]
+                + ([dict(type="f32", ne=s, split=False, limit=lim) for s in _SHAPES[:2] for lim in (1.25, 10.0)]
+                   if n == "SWIGLU" else [])))
 
 # ---- SSM_CONV / SSM_SCAN (Mamba) ------------------------------------------------------------
 # Token-major, as the engine runs them: tokens in ubatch order, `seq_index[t]` the state row of
@@ -597,10 +641,14 @@ register(Op(
 
 
 def _route_make(p, rng):
-    """Router logits and selection bias on grids far apart enough that no choice is a near-tie."""
+    """Router logits and selection bias on grids far apart enough that no choice is a near-tie;
+    with `hash`, each token's experts given (DeepSeek-V4's routing by token id)."""
     logits = rng.permutation(p["rows"] * p["n_expert"]).reshape(p["rows"], p["n_expert"]).astype(np.float32)
     bias = (rng.permutation(p["n_expert"]) % 16).astype(np.float32) / 64 if p["bias"] else None
-    return dict(logits=logits * np.float32(4.0 / logits.size), **({"bias": bias} if bias is not None else {}))
+    out = dict(logits=logits * np.float32(4.0 / logits.size), **({"bias": bias} if bias is not None else {}))
+    if p.get("hash"):
+        out["experts"] = np.stack([rng.choice(p["n_expert"], p["n_used"], replace=False) for _ in range(p["rows"])])
+    return out
 
 
 def _route_params(p):
@@ -620,6 +668,8 @@ def _route_ref(i, p):
         if p["gating"] == "softmax":
             probs = np.exp(logits - logits.max())
             probs /= probs.sum()
+        elif p["gating"] == "sqrtsoftplus":
+            probs = np.sqrt(np.log1p(np.exp(logits)))
         else:
             probs = 1.0 / (1.0 + np.exp(-logits))
         select = probs + (i["bias"] if "bias" in i else 0.0)
@@ -627,7 +677,7 @@ def _route_ref(i, p):
         group_score = np.sort(groups, axis=1)[:, -2:].sum(axis=1)
         closed = np.argsort(-group_score)[n_group_used:]
         groups[closed] = -np.inf
-        chosen = np.argsort(-groups.reshape(-1))[:p["n_used"]]
+        chosen = i["experts"][r] if "experts" in i else np.argsort(-groups.reshape(-1))[:p["n_used"]]
         weights = probs[chosen]
         if p["norm"]:
             weights = weights / max(weights.sum(), 6.103515625e-5)
@@ -638,7 +688,8 @@ def _route_ref(i, p):
 def _route_run(b, i, p):
     from .moe import route
 
-    r = route(b.to_numpy(i["logits"]), _route_params(p), b.to_numpy(i["bias"]) if "bias" in i else None)
+    r = route(b.to_numpy(i["logits"]), _route_params(p), b.to_numpy(i["bias"]) if "bias" in i else None,
+              i.get("experts"))
     out = np.zeros(r.experts.shape[:1] + (p["n_expert"],), dtype=np.float32)
     np.put_along_axis(out, r.experts, r.weights, axis=1)
     return out
@@ -652,8 +703,115 @@ register(Op(
         for e, k, g, n, s, grp, bias in ((8, 2, "softmax", 1, 0.0, (1, 1), False),  # Mixtral
                                          (64, 6, "softmax", 0, 2.0, (1, 1), False),  # DeepSeek-V2
                                          (256, 8, "sigmoid", 1, 2.5, (8, 4), True),  # DeepSeek-V3
-                                         (8, 2, "sigmoid", 1, 2.5, (4, 2), True))],  # tiny-deepseek32
+                                         (8, 2, "sigmoid", 1, 2.5, (4, 2), True),  # tiny-deepseek32
+                                         (256, 6, "sqrtsoftplus", 1, 1.5, (1, 1), True))]  # DeepSeek-V4
+    + [dict(rows=7, n_expert=e, n_used=k, gating="sqrtsoftplus", norm=1, scale=1.5, groups=(1, 1), bias=False,
+            hash=True) for e, k in ((4, 2), (256, 6))],  # DeepSeek-V4's first layers, routed by token id
     nmse=lambda p: 1e-10,  # float32 weights of the same experts
+))
+
+# ---- DeepSeek-V4: HC_MIX, HC_POST, COMPRESS_POOL (core/hyper.py) ---------------------------------
+
+
+def _hc_mix_make(p, rng):
+    s = p["streams"]
+    return dict(mix=_f32(rng, p["rows"], (2 + s) * s, lo=-3, hi=3), scale=_f32(rng, 3, lo=0.5, hi=1.5),
+                base=_f32(rng, (2 + s) * s))
+
+
+def _hc_mix_ref(i, p):
+    """Per token, as ggml's hc_pre / hc_comb: sigmoid gates, then a softmax over each source's
+    destinations and Sinkhorn rounds (columns, then rows and columns), every sum plus eps."""
+    s, eps = p["streams"], p["eps"]
+    mix, scale, base = (i[k].astype(np.float64) for k in ("mix", "scale", "base"))
+    out = []
+    for row in mix:
+        pre = 1 / (1 + np.exp(-(row[:s] * scale[0] + base[:s]))) + eps
+        post = 2 / (1 + np.exp(-(row[s:2 * s] * scale[1] + base[s:2 * s])))
+        comb = np.empty((s, s))
+        for src in range(s):
+            logits = row[2 * s + src * s:2 * s + (src + 1) * s] * scale[2] + base[2 * s + src * s:2 * s + (src + 1) * s]
+            e = np.exp(logits - logits.max())
+            comb[src] = e / e.sum() + eps
+        comb /= comb.sum(axis=0) + eps
+        for _ in range(p["iterations"] - 1):
+            comb /= comb.sum(axis=1)[:, None] + eps
+            comb /= comb.sum(axis=0) + eps
+        out.append(np.concatenate([pre, post, comb.reshape(-1)]))
+    return np.array(out)
+
+
+def _hc_mix_run(b, i, p):
+    from .hyper import hc_mix
+
+    xp = b.xp
+    pre, post, comb = hc_mix(*(b.asarray(i[k]) for k in ("mix", "scale", "base")), p["streams"], p["iterations"],
+                             p["eps"], xp)
+    return xp.concatenate([pre, post, comb.reshape(len(comb), -1)], axis=1)
+
+
+register(Op(
+    "HC_MIX", make=_hc_mix_make, reference=_hc_mix_ref, run=_hc_mix_run,
+    cases=lambda quick: [dict(rows=r, streams=4, iterations=it, eps=1e-6) for r in (1, 7, 64) for it in (1, 3, 20)],
+    nmse=lambda p: 1e-10,
+))
+
+
+def _hc_post_make(p, rng):
+    n, s, e = p["rows"], p["streams"], p["n_embd"]
+    comb = rng.random((n, s, s)).astype(np.float32)
+    return dict(out=_f32(rng, n, e), streams=_f32(rng, n, s, e), post=_f32(rng, n, s, lo=0, hi=2),
+                comb=comb / comb.sum(axis=1, keepdims=True))
+
+
+def _hc_post_ref(i, p):
+    out, streams, post, comb = (i[k].astype(np.float64) for k in ("out", "streams", "post", "comb"))
+    result = np.empty(streams.shape)
+    for dst in range(p["streams"]):
+        result[:, dst] = post[:, dst, None] * out + sum(comb[:, src, dst, None] * streams[:, src]
+                                                        for src in range(p["streams"]))
+    return result
+
+
+def _hc_post_run(b, i, p):
+    from .hyper import hc_post
+
+    return hc_post(*(b.asarray(i[k]) for k in ("out", "streams", "post", "comb")), b.xp)
+
+
+register(Op(
+    "HC_POST", make=_hc_post_make, reference=_hc_post_ref, run=_hc_post_run,
+    cases=lambda quick: [dict(rows=r, streams=4, n_embd=e) for r in (1, 9) for e in (64, 4096)],
+    nmse=lambda p: 1e-10,
+))
+
+
+def _pool_make(p, rng):
+    """Candidates of n blocks; with `first`, block 0's earlier half is the -inf row of a sequence's start."""
+    n, c, w = p["blocks"], p["candidates"], p["width"]
+    score = _f32(rng, n, c, w, lo=-4, hi=4)
+    if p["first"]:
+        score[0, :c // 2] = -np.inf
+    return dict(kv=_f32(rng, n, c, w), score=score)
+
+
+def _pool_ref(i, p):
+    kv, score = i["kv"].astype(np.float64), i["score"].astype(np.float64)
+    w = np.exp(score - score.max(axis=1, keepdims=True))
+    return (w * kv).sum(axis=1) / w.sum(axis=1)
+
+
+def _pool_run(b, i, p):
+    from .hyper import compress_pool
+
+    return compress_pool(b.asarray(i["kv"]), b.asarray(i["score"]), b.xp)
+
+
+register(Op(
+    "COMPRESS_POOL", make=_pool_make, reference=_pool_ref, run=_pool_run,
+    cases=lambda quick: [dict(blocks=n, candidates=c, width=w, first=f) for n in (1, 5) for c, w, f in
+                         ((8, 64, True), (8, 128, True), (128, 64, False), (8, 512, True), (128, 512, False))],
+    nmse=lambda p: 1e-10,
 ))
 
 # ---- FLASH_ATTN_EXT --------------------------------------------------------------------------
@@ -789,6 +947,10 @@ def _fa_cases(quick: bool) -> list[dict]:
                                       (4096, 2048, 4, 16), (113, 17, 20, 1)):
             cases.append(fa_params(128, 128, 1 if gqa >= 8 else 2, gqa, kv, nb, n_kv_max=n_kv_max, path=path))
         cases.append(fa_params(576, 512, 1, 16, 2048, 4, n_kv_max=512, v_is_view_of_k=True, path=path))
+        # DeepSeek-V4: one K=V head of 512 under 64 query heads with sinks, a window plus the kept rows
+        cases.append(fa_params(512, 512, 1, 64, 1024, 2, sinks=True, n_kv_max=128 + 512, v_is_view_of_k=True,
+                               path=path))
+        cases.append(fa_params(64, 64, 1, 4, 200, 16, sinks=True, n_kv_max=32 + 8, v_is_view_of_k=True, path=path))
         cases.append(fa_params(64, 64, 2, 4, 1024, 8, sinks=True, softcap=10.0, max_bias=8.0, n_kv_max=128,
                                type_kv="q8_0", path=path))
         for variant in (dict(), dict(sinks=True, softcap=10.0, max_bias=8.0, type_kv="q8_0"), dict(type_kv="f32")):

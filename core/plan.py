@@ -94,6 +94,8 @@ def resolve_plan(model, p) -> Plan:
     attn_impl = _attn_impl(model, p)
     spec = model.memory_spec(attn_impl)
     numerics = resolve_numerics(p.backend, p.numerics)
+    if p.embeddings and model.embeddings_refusal:
+        raise InvalidInputError(model.embeddings_refusal)
     if spec.model_kind == "encoder":
         _check_encoder(model.arch, p)
         return Plan("encoder", "", attn_impl, p.attn, numerics, spec, p.sparse)
@@ -102,6 +104,9 @@ def resolve_plan(model, p) -> Plan:
     reason = MEMORY_KINDS[kv].refuses(spec, model.arch, p)
     if reason:
         raise InvalidInputError(reason)
+    if p.kv_unified and kv != "dsv4":
+        raise InvalidInputError(f"kv_unified lays out the window cache of --kv dsv4; --kv {kv} chooses its layout by "
+                                "kind (--kv unified or split)")
     if p.kv_budget and not MEMORY_KINDS[kv].budgeted:
         raise InvalidInputError(f"--kv-budget bounds a memory kind that evicts cells; --kv {kv} keeps every cell")
     producers = _producers(spec, model.arch, p)

@@ -31,16 +31,27 @@ extern "C" __global__ void norm_f32(const float * x, float * y, int ncols, float
 
 // RoPE on x (n_tokens, n_head, head_dim): the first n_rot dims rotate by pos * freq_scale * base^(-2i/n_rot);
 // normal mode pairs (2i, 2i+1), NEOX mode pairs (i, i + n_rot/2). One block per (token, head).
+// YaRN (ext_factor != 0, ggml's rope_yarn): pair i's angle mixes the interpolated and the extrapolated
+// one by ext_factor times a ramp falling from 1 to 0 over the pairs corr_lo..corr_hi; cos and sin times mscale.
 extern "C" __global__ void rope_f32(const float * x, float * y, const int * pos, int n_head, int head_dim,
-                                    int n_rot, float freq_base, float freq_scale, int neox) {
+                                    int n_rot, float freq_base, float freq_scale, int neox, float ext_factor,
+                                    float corr_lo, float corr_hi, float mscale) {
     const int token = blockIdx.x / n_head;
     const float * src = x + (long long) blockIdx.x * head_dim;
     float * dst = y + (long long) blockIdx.x * head_dim;
     const float p = (float) pos[token];
     for (int i = threadIdx.x; i < n_rot / 2; i += blockDim.x) {
-        const float theta = p * freq_scale * powf(freq_base, -2.0f * i / n_rot);
+        float theta = p * freq_scale * powf(freq_base, -2.0f * i / n_rot);
+        if (ext_factor != 0.0f) {
+            const float extrap = p * powf(freq_base, -2.0f * i / n_rot);
+            const float ramp = 1.0f - fminf(1.0f, fmaxf(0.0f, (i - corr_lo) / fmaxf(0.001f, corr_hi - corr_lo)));
+            const float mix = ramp * ext_factor;
+            theta = freq_scale * extrap * (1.0f - mix) + extrap * mix;
+        }
         float s, c;
         sincosf(theta, &s, &c);
+        s *= mscale;
+        c *= mscale;
         const int i0 = neox ? i : 2 * i, i1 = neox ? i + n_rot / 2 : 2 * i + 1;
         const float a = src[i0], b = src[i1];
         dst[i0] = a * c - b * s;

@@ -38,7 +38,7 @@ MARGIN = 0.05
 CASES = {"llama-moe": ("tiny-llama-moe", {}), "qwen3": ("tiny-qwen3", {}), "gemma3-swa": ("tiny-gemma3-swa", {}),
          "mamba2": ("tiny-mamba2", {}), "deepseek2-mla": ("tiny-deepseek2", {"attn_impl": "mla"}),
          "deepseek2-naive": ("tiny-deepseek2", {"attn_impl": "naive", "kv": "unified"}),
-         "deepseek32": ("tiny-deepseek32", {})}
+         "deepseek32": ("tiny-deepseek32", {}), "deepseek4": ("tiny-deepseek4", {}), "glm-dsa": ("tiny-glm-dsa", {})}
 
 
 @dataclass

@@ -106,12 +106,14 @@ def test_dequant_kernels_expand_exactly_what_gguf_does(emu):
 # Measured with scripts/cuda_emu_fidelity.py: the largest |Δ logit| relative to the largest |logit|
 # is 0.9e-3 to 2.6e-3 over 96 positions (SmolLM2: 1.4e-3). The device expands weights to f16 and rounds matmul inputs
 # to f16 (2^-11 relative each, f32 sums), the CPU keeps f32: a few such roundings per layer, through
-# 2 to 6 layers, bound it by 4e-3. DeepSeek-3.2 is compared up to its first indexer flip: there the
-# top-k of the lightning indexer meets a near-tie (llama.cpp's own gap at that position is 4e-4).
+# 2 to 6 layers, bound it by 4e-3. DeepSeek-3.2 and DeepSeek-V4 are compared up to their first indexer
+# flip: there the top-k of the lightning indexer meets a near-tie (llama.cpp's own gaps at those
+# positions: 4e-4 at DeepSeek-3.2's, 2.6e-3 at DeepSeek-V4's position 37; measured 3.5e-3 before it).
 REL_LOGIT_BOUND = 4e-3
+FRAGILE = 5e-3  # an indexer gap this small flips with the summation order (fixture README §4)
 
 
-@pytest.mark.parametrize("name", [*FIDELITY["CASES"], "smollm2-135m"])
+@pytest.mark.parametrize("name", [*(n for n in FIDELITY["CASES"] if n != "glm-dsa"), "smollm2-135m"])
 def test_models_end_to_end_against_the_cpu(name):
     import json
 
@@ -128,11 +130,11 @@ def test_models_end_to_end_against_the_cpu(name):
     c = FIDELITY["compare"](path, ids, params)
     assert c.rel_max <= REL_LOGIT_BOUND, c.rel_max
     assert c.greedy_equal == 16, (c.greedy_cpu, c.greedy_emu)
-    if name == "deepseek32":
+    if name in ("deepseek32", "deepseek4"):
         assert c.first_flip is not None and c.first_flip > 32
         gaps = [info["boundary_gap_per_position"][c.first_flip] for info in
                 json.loads(path.with_suffix(".json").read_text())["debug"]["dsa"].values()]
-        assert min(gaps) < 1e-3  # a near-tie in llama.cpp's own scores
+        assert min(g for g in gaps if g is not None) < FRAGILE  # a near-tie in llama.cpp's own scores
     else:
         assert c.first_flip is None and c.top1_agree == c.top1_decisive
 
@@ -249,6 +251,18 @@ def test_generate_on_the_emulated_device_says_so_and_takes_the_sparse_path():
     assert done.returncode == 0, done.stderr
     assert "backend cuda-emu: cuda/*.cu emulated on the host" in done.stderr
     assert "sparse" in next(line for line in done.stderr.splitlines() if line.startswith("layer  29:"))
+
+
+def test_deepseek4_on_the_emulated_device_gathers_the_indexers_rows():
+    """The window plus the ratio-4 rows the indexer keeps (top 8 of up to 40) through the sparse gather
+    kernel with sinks, one K=V head of 64; the ratio-128 layer attends its rows densely, as llama.cpp."""
+    prompt = open(ROOT / "tests" / "fixtures" / "hamlet.md").read()[:600]
+    done = llm("-v", "generate", "-m", str(ROOT / "tests" / "fixtures" / "tiny" / "tiny-deepseek4.gguf"),
+               "--backend", "cuda-emu", "-p", prompt, "-n", "2", "--temp", "0", "-c", "512", "--attn", "sparse")
+    assert done.returncode == 0, done.stderr
+    layers = {line[:9]: line for line in done.stderr.splitlines() if line.startswith("layer ")}
+    assert "indexer" in layers["layer   2"] and "sparse       path" in layers["layer   2"]
+    assert "dense        path" in layers["layer   3"]
 
 
 def test_no_compiler_is_one_sentence():

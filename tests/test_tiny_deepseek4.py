@@ -7,6 +7,8 @@ does (--numerics ggml, f16 cache). Its indexer keeps 8 of the visible compressed
 flips a choice where the 8th and 9th scores are within ~4e-3 (§4: its own -ub 16 run flips 37, 107,
 125 and 155): those positions are excused by llama.cpp's own gaps, named below."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -203,12 +205,13 @@ def test_micro_batches_and_the_cacheless_oracle_agree():
 
 
 @pytest.mark.float_reference
-@pytest.mark.parametrize("n_ubatch", [512, 12])
-def test_a_sequence_in_a_batch_of_three_equals_it_alone(n_ubatch):
+@pytest.mark.parametrize("n_ubatch, unified", [(512, False), (12, False), (512, True), (12, True)])
+def test_a_sequence_in_a_batch_of_three_equals_it_alone(n_ubatch, unified):
     """Three sequences of different lengths decoded together (one ubatch, or a ubatch boundary
-    inside blocks), then a step of all three, equal each sequence decoded alone."""
+    inside blocks; the window a stream per sequence, or one shared), then a step of all three,
+    equal each sequence decoded alone."""
     prompts = [ids()[:140], ids()[20:150], ids()[5:60]]
-    ctx = context(n_seq_max=3, n_ubatch=n_ubatch, n_ctx=3 * 256)
+    ctx = context(n_seq_max=3, n_ubatch=n_ubatch, n_ctx=3 * 256, kv_unified=unified)
     batch = joined([(p, s, 0, True) for s, p in enumerate(prompts)])
     assert ctx.decode(batch) == 0, ctx.last_error
     together = np.split(ctx.logits.copy(), np.cumsum([len(p) for p in prompts])[:-1])
@@ -306,10 +309,11 @@ def test_memory_kinds_that_cannot_serve_it_are_refused(flags, message):
 def test_the_default_memory_is_dsv4_and_its_size_is_known_before_allocation():
     from llmsuite.core.memory.factory import MEMORY_KINDS
 
-    ctx = context(n_seq_max=2, n_ctx=1024)
-    assert ctx.memory.kind == "dsv4"
-    spec = ctx.model.memory_spec()
-    assert MEMORY_KINDS["dsv4"].nbytes(spec, ctx.params) == ctx.memory.nbytes
+    for unified in (False, True):
+        ctx = context(n_seq_max=2, n_ctx=1024, kv_unified=unified)
+        assert ctx.memory.kind == "dsv4" and ctx.memory.raw.n_stream == (1 if unified else 2)
+        spec = ctx.model.memory_spec()
+        assert MEMORY_KINDS["dsv4"].nbytes(spec, ctx.params) == ctx.memory.nbytes
 
 
 def _with_array(key: str, values: list[int]):
@@ -360,3 +364,94 @@ def test_a_broken_deepseek4_file_is_one_clear_error(tmp_path, monkeypatch, edit,
     with pytest.raises(error, match=message) as err:
         load_model(mutant_file(tiny_path("deepseek4"), tmp_path, edit))
     assert "\n" not in str(err.value) and not reads
+
+
+# ---- the tools -----------------------------------------------------------------------------------
+
+def test_the_tools_run_it(tmp_path):
+    """generate (several sequences, a prompt cache reused), perplexity with a KL-divergence base,
+    bench with the attention path as an axis, batched-bench; embed refused with its reason."""
+    from test_cli import assert_one_line_error, llm
+    from test_perplexity import HAMLET
+
+    model = str(tiny_path("deepseek4"))
+    prompt = "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer"
+    first = llm("generate", "-m", model, "-p", prompt, "-n", "8", "--temp", "0", "-np", "2")
+    assert first.returncode == 0, first.stderr
+    cache = tmp_path / "prompt.cache"
+    runs = [llm("generate", "-m", model, "-p", prompt, "-n", "8", "--temp", "0", "--prompt-cache", str(cache))
+            for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs) and runs[0].stdout == runs[1].stdout, runs[1].stderr
+    base = tmp_path / "base.kld"
+    ppl = ["perplexity", "-m", model, "-c", "128", "--chunks", "3"]
+    assert llm(*ppl, "-f", str(HAMLET), "--kl-divergence-base", str(base)).returncode == 0
+    kld = llm(*ppl, "--kl-divergence-base", str(base), "--kl-divergence")
+    assert kld.returncode == 0 and any(ln.startswith("Same top p:") for ln in kld.stdout.splitlines()), kld.stderr
+    bench = llm("bench", "-m", model, "-p", "64", "-n", "4", "-d", "0,160", "-r", "1", "--attn", "dense,sparse",
+                "-o", "json")
+    assert bench.returncode == 0, bench.stderr
+    assert len(json.loads(bench.stdout)) == 8  # 2 tests × 2 depths × 2 paths
+    batched = llm("batched-bench", "-m", model, "-c", "512", "-npp", "16", "-ntg", "4", "-npl", "1,2")
+    assert batched.returncode == 0, batched.stderr
+    assert_one_line_error(llm("embed", "-m", model, "-p", "hello"), "deepseek4 gives no embeddings")
+
+
+def test_corrupt_state_files_are_refused_and_change_nothing():
+    """Truncated anywhere, or a field rewritten with a valid checksum (the compressed part's token
+    count, cache type, layer table and ring shapes): refused in one sentence, the memory unchanged."""
+    import struct
+    import zlib
+    from unittest import mock
+
+    from llmsuite.core.statefile import StateFileError, StateReader
+
+    donor = context(n_seq_max=2)
+    assert donor.decode(Batch.from_tokens(ids()[:70], seq_id=1)) == 0
+    data = donor.state_bytes(ids()[:70], seq=1)
+    reads = []
+    take = StateReader._take
+
+    def recording(self, n, field):
+        reads.append((field, self.pos, n))
+        return take(self, n, field)
+
+    with mock.patch.object(StateReader, "_take", recording):
+        context(n_seq_max=2).load_state_bytes(data, seq=1)
+    target = context(n_seq_max=2)
+    assert target.decode(Batch.from_tokens(ids()[:9], seq_id=1)) == 0
+    before = target.state_bytes()
+
+    def refused(bad: bytes) -> None:
+        with pytest.raises((StateFileError, InvalidInputError)) as err:
+            target.load_state_bytes(bad, seq=1)
+        assert "\n" not in str(err.value)
+        assert target.state_bytes() == before
+
+    for cut in np.linspace(1, len(data) - 1, 12).astype(int):
+        refused(data[:cut])
+    # the fields that describe (not the floats they hold, any of which is a valid state)
+    edited = [(f, at, n) for f, at, n in reads if n <= 8 and any(k in f for k in ("token count", "compressed",
+                                                                                  "compressor"))]
+    assert len(edited) >= 6
+    for field, at, n in edited:
+        bad = bytearray(data[:-4])
+        bad[at:at + n] = bytes(b ^ 0x5A for b in bad[at:at + n])
+        refused(bytes(bad) + struct.pack("<I", zlib.crc32(bytes(bad))))
+
+
+def test_yarn_scales_the_compressed_layers_only(tmp_path):
+    """rope.scaling yarn (factor 16 over 64 positions): the window-only layers 0-1 rotate as before,
+    the compressed layers 2-3 by YaRN's angles (the ROPE cases of test-ops check the angles themselves)."""
+    edit = lambda img: (img.set("deepseek4.rope.scaling.type", VT.STRING, b"yarn")  # noqa: E731
+                        .set("deepseek4.rope.scaling.factor", VT.FLOAT32, 16.0)
+                        .set("deepseek4.rope.scaling.original_context_length", VT.UINT32, 64))
+    scaled = load_model(mutant_file(tiny_path("deepseek4"), tmp_path, edit))
+    assert scaled.v4.compress_scale == 1 / 16 and scaled.v4.yarn.ext_factor == 1.0
+    seen = {}
+    for name, model in (("plain", tiny_model(tiny_path("deepseek4"))), ("yarn", scaled)):
+        ctx = Context(model, ContextParams(n_ctx=256, **F32),
+                      observer=lambda t, ub, x, name=name: seen.setdefault((name, t), np.asarray(x).copy()))
+        assert ctx.decode(Batch.from_tokens(ids()[:100], all_outputs=True)) == 0
+    for il in (0, 1):
+        np.testing.assert_array_equal(seen[("plain", f"l_last-{il}")], seen[("yarn", f"l_last-{il}")])
+    assert np.abs(seen[("plain", "l_last-2")] - seen[("yarn", "l_last-2")]).max() > 1e-2

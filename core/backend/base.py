@@ -14,7 +14,9 @@ computes the same selection in array operations where a backend lacks them.
 from __future__ import annotations
 
 import copy
+import math
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,7 +26,44 @@ from .algebra import ArrayAlgebra
 # those of core/ops.py under the same names).
 OPS = ("ADD", "MUL", "SCALE", "MUL_MAT", "MUL_MAT_GGML", "GET_ROWS", "SET_ROWS", "RMS_NORM", "RMS_NORM_GROUP", "NORM",
        "SILU", "GELU", "SWIGLU", "GEGLU", "ROPE", "SOFT_MAX", "ATTN_SOFT_MAX", "FLASH_ATTN_EXT", "SSM_CONV", "SSM_SCAN",
-       "TOP_K", "TOP_K_MASK", "MOE_ROUTE", "LIGHTNING_INDEXER", "BLOCK_TOPK_MASK", "BLOCK_BOUNDS")
+       "TOP_K", "TOP_K_MASK", "MOE_ROUTE", "LIGHTNING_INDEXER", "BLOCK_TOPK_MASK", "BLOCK_BOUNDS", "HC_MIX", "HC_POST",
+       "COMPRESS_POOL")
+
+
+@dataclass(frozen=True)
+class Yarn:
+    """YaRN's angle correction, as ggml's rope_yarn: each dim pair's angle mixes the interpolated one
+    (× freq_scale) and the extrapolated one by ext_factor times a ramp that falls from 1 to 0 over
+    the pairs between corr_dims; cos and sin are scaled by mscale."""
+    ext_factor: float
+    corr_dims: tuple[float, float]
+    mscale: float
+
+
+def yarn(n_rot: int, n_ctx_orig: int, freq_base: float, freq_scale: float, beta_fast: float = 32.0,
+         beta_slow: float = 1.0, ext_factor: float = 1.0, attn_factor: float = 1.0) -> Yarn:
+    """The correction ggml computes for these parameters (ggml_rope_yarn_corr_dims, in float32)."""
+    f = np.float32
+
+    def corr_dim(beta: float):
+        return f(n_rot) * np.log(f(n_ctx_orig) / (f(beta) * f(2) * f(math.pi))) / (f(2) * np.log(f(freq_base)))
+
+    low, high = max(0.0, math.floor(corr_dim(beta_fast))), min(n_rot - 1.0, math.ceil(corr_dim(beta_slow)))
+    mscale = f(attn_factor) * (f(1) + f(0.1) * np.log(f(1) / f(freq_scale))) if ext_factor else f(attn_factor)
+    return Yarn(float(ext_factor), (float(low), float(high)), float(mscale))
+
+
+def yarn_angles(theta_extrap, freq_scale: float, scaling: Yarn | None, xp=np):
+    """ggml's angles (n, n_rot/2) from the unscaled ones: interpolated, and where YaRN applies mixed
+    with the extrapolated ones by its ramp."""
+    theta = theta_extrap * np.float32(freq_scale)
+    if scaling is None or not scaling.ext_factor:
+        return theta
+    low, high = (np.float32(d) for d in scaling.corr_dims)
+    pair = xp.arange(theta.shape[-1], dtype=np.float32)
+    ramp = np.float32(1) - xp.clip((pair - low) / max(np.float32(0.001), high - low), 0, 1)
+    mix = (ramp * np.float32(scaling.ext_factor)).astype(np.float32)
+    return theta * (np.float32(1) - mix) + theta_extrap * mix
 
 
 class Backend(ArrayAlgebra, ABC):
@@ -149,8 +188,9 @@ class Backend(ArrayAlgebra, ABC):
         """SWIGLU or GEGLU (act) over a fused gate|up activation (n_tokens, 2·n_ff)."""
 
     @abstractmethod
-    def rope_cache(self, pos, n_rot: int, freq_base: float, freq_scale: float = 1.0):
-        """ROPE tables for positions `pos`: cos and sin (n_tokens, n_rot/2), ggml's angle recurrence."""
+    def rope_cache(self, pos, n_rot: int, freq_base: float, freq_scale: float = 1.0, scaling: Yarn | None = None):
+        """ROPE tables for positions `pos`: cos and sin (n_tokens, n_rot/2), ggml's angle recurrence,
+        with YaRN's correction where `scaling` is given (negative positions rotate back)."""
 
     @abstractmethod
     def rope(self, x, table, neox: bool):

@@ -18,7 +18,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from ..quants import dequantize
-from .base import Backend
+from .base import Backend, Yarn
 from .cpu import SPARSE_MIN_KV, alibi_slopes
 from .kernels import (DEQUANT_KERNELS, GATHER_SHAPES, KERNEL_FILES, PF_ROWS, PREFILL_DIMS, KernelCompileError,
                       cuda_include_dirs, kernel_file, kernel_source, prefill_smem_bytes)
@@ -281,19 +281,21 @@ class CUDABackend(Backend):
 
     # ---- rotary embeddings ---------------------------------------------------------------
 
-    def rope_cache(self, pos, n_rot: int, freq_base: float, freq_scale: float = 1.0):
+    def rope_cache(self, pos, n_rot: int, freq_base: float, freq_scale: float = 1.0, scaling: Yarn | None = None):
         """The kernel computes the angles itself: the table is the positions and the frequencies."""
-        return self.cp.asarray(pos, dtype=self.cp.int32), n_rot, float(freq_base), float(freq_scale)
+        return self.cp.asarray(pos, dtype=self.cp.int32), n_rot, float(freq_base), float(freq_scale), \
+            scaling or Yarn(0.0, (0.0, 0.0), 1.0)
 
     def rope(self, x, table, neox: bool):
-        pos, n_rot, freq_base, freq_scale = table
+        pos, n_rot, freq_base, freq_scale, scaling = table
         x = self.cp.ascontiguousarray(x, dtype=F32)
         y = self.cp.empty_like(x)
         n_tokens, n_head, head_dim = x.shape
         if x.size:
             self._launch("rope_f32", (n_tokens * n_head,), _row_threads(n_rot // 2),
                          (x, y, pos, np.int32(n_head), np.int32(head_dim), np.int32(n_rot), np.float32(freq_base),
-                          np.float32(freq_scale), np.int32(neox)))
+                          np.float32(freq_scale), np.int32(neox), np.float32(scaling.ext_factor),
+                          *(np.float32(d) for d in scaling.corr_dims), np.float32(scaling.mscale)))
         return y
 
     # ---- softmax and attention -----------------------------------------------------------

@@ -24,9 +24,10 @@ from .masks import WindowMask
 from .spec import AttnSpec
 
 
-def window_cells(n_ctx_seq: int, n_swa: int, n_ubatch: int) -> int:
-    """Window-cache cells of one stream: a window and a ubatch, padded as llama.cpp pads."""
-    return swa_cache_size(n_ctx_seq, n_swa, 1, n_ubatch)
+def window_cells(n_ctx: int, n_swa: int, n_ubatch: int, n_seq: int = 1) -> int:
+    """Window-cache cells of a stream holding n_seq sequences: a window each and a ubatch, padded as
+    llama.cpp pads."""
+    return swa_cache_size(n_ctx, n_swa, n_seq, n_ubatch)
 
 
 class DSV4Memory(CompositeMemory):
@@ -36,8 +37,7 @@ class DSV4Memory(CompositeMemory):
                  type_k: str = "f32", unified: bool = False, backend=None):
         n_ctx_seq = n_ctx // n_seq_max
         n_stream = 1 if unified else n_seq_max
-        cells = swa_cache_size(n_ctx, n_swa, n_seq_max, n_ubatch) if unified else window_cells(n_ctx_seq, n_swa,
-                                                                                               n_ubatch)
+        cells = window_cells(n_ctx, n_swa, n_ubatch, n_seq_max) if unified else window_cells(n_ctx_seq, n_swa, n_ubatch)
         window = WindowMask(n_swa)
         self.raw = KVCache(layers, cells, n_seq_max, n_stream, type_k, type_k, n_swa=n_swa, swa_layers=layers,
                            kind="dsv4-window", producers={il: window for il in layers}, backend=backend)

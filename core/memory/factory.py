@@ -49,6 +49,7 @@ class MemoryParams:
     sparse: SparseParams = field(default_factory=SparseParams)
     attn_mask: str = "auto"  # the mask producer of the selecting layers: auto (topk where --sparse-topk), or a name
     kv_budget: int = 0  # cells per sequence an evicting memory kind keeps (0: the kind's default)
+    kv_unified: bool = False  # --kv dsv4: one window stream shared by the sequences (llama.cpp's -kvu, which it ignores)
 
 
 @dataclass(frozen=True)
@@ -300,7 +301,8 @@ def _dsv4_only(spec: MemorySpec, arch: str, p: MemoryParams) -> str | None:
 def _dsv4_bytes(spec: MemorySpec, p: MemoryParams) -> int:
     """The window cache's rows, the compressed rows and the compressor rings."""
     n_ctx_seq = p.n_ctx // p.n_seq_max
-    cells = window_cells(n_ctx_seq, spec.window, p.n_ubatch) * p.n_seq_max
+    cells = window_cells(p.n_ctx, spec.window, p.n_ubatch, p.n_seq_max) if p.kv_unified else \
+        window_cells(n_ctx_seq, spec.window, p.n_ubatch) * p.n_seq_max
     total = sum(cells * row_bytes(p.type_k, layer.k_width) for layer in spec.of(AttnSpec).values())
     for layer in _compressed(spec).values():
         c = layer.compress
@@ -315,7 +317,8 @@ def _dsv4_bytes(spec: MemorySpec, p: MemoryParams) -> int:
 def _dsv4(spec: MemorySpec, p: MemoryParams, backend) -> Memory:
     """llama_kv_cache_dsv4: every layer's raw keys in a window cache (a stream per sequence), the
     compressed layers' rows and compressor rings per sequence."""
-    return DSV4Memory(spec.of(AttnSpec), p.n_ctx, p.n_seq_max, p.n_ubatch, spec.window, p.type_k, backend=backend)
+    return DSV4Memory(spec.of(AttnSpec), p.n_ctx, p.n_seq_max, p.n_ubatch, spec.window, p.type_k, p.kv_unified,
+                      backend=backend)
 
 
 def _recurrent_only(spec: MemorySpec, arch: str, p: MemoryParams) -> str | None:

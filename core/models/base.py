@@ -180,6 +180,7 @@ class Model:
     # the backend ops (core/backend/base.py OPS) the forward pass calls, checked before loading
     ops: ClassVar[tuple[str, ...]] = ("GET_ROWS", "MUL_MAT", "RMS_NORM", "ROPE", "SWIGLU", "FLASH_ATTN_EXT", "TOP_K")
     output_norm_name: ClassVar[str] = "output_norm.weight"  # the final norm's tensor
+    embeddings_refusal: ClassVar[str] = ""  # why an embeddings context cannot serve this architecture ("": it can)
 
     def __init__(self, gguf: GGUFFile, progress: ProgressFn | None = None, backend=None):
         self.path = gguf.path

@@ -2,9 +2,10 @@
 compressed rows beside the window where `compress_ratios` says (llama.cpp's src/models/deepseek4.cpp).
 
 - Attention: a low-rank query (wq_a → RMSNorm → wq_b) RMS-normed per head without a weight; one
-  key head that is also the value; RoPE on the last n_rot dims (the file's base in ratio-0 layers,
-  `compress_rope_freq_base` in the compressed ones); a sink logit per head; the output de-roped and
-  projected per group of heads (wo_a), then together (wo_b).
+  key head that is also the value; RoPE on the last n_rot dims (the file's base alone in ratio-0
+  layers; `compress_rope_freq_base` with the file's scaling, YaRN where it says so, in the compressed
+  ones); a sink logit per head; the output de-roped and projected per group of heads (wo_a), then
+  together (wo_b).
 - Compressed rows (--kv dsv4, memory/compressed.py): ratio 128 (HCA) pools each block of 128
   tokens, every visible row attended; ratio 4 (CSA) pools each block of 4 with the block before,
   and a lightning indexer over its own compressed keys keeps each query's top_k rows. A pooled row
@@ -24,10 +25,13 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from ..backend.base import Yarn, yarn
 from ..errors import ModelFileError, UnsupportedError
 from ..gguf import GGUFFile
 from ..graph import IndexerInput
+from ..hyper import compress_pool, hc_mix, hc_post, sigmoid
 from ..memory import AttnSpec, MemorySpec, RopeSpec
+from ..memory.masks import hadamard
 from ..memory.spec import CompressSpec, IndexerSpec
 from ..moe import MoEWeights, load_moe, read_moe_params
 from .base import HParams, Model, read_hparams
@@ -39,6 +43,14 @@ SQRT_SOFTPLUS = 4  # expert_gating_func
 HADAMARD_BLOCK = 64  # the indexer's keys are rotated in blocks of the largest 64·2^k dividing their size
 
 
+def indexer_rotation_block(dim: int) -> int:
+    """The indexer keys' Hadamard rotation works in blocks of the largest 64·2^k dividing their size."""
+    block = HADAMARD_BLOCK
+    while dim % (2 * block) == 0:
+        block *= 2
+    return block
+
+
 @dataclass(frozen=True)
 class DSV4Params:
     q_lora: int
@@ -46,6 +58,8 @@ class DSV4Params:
     o_lora: int
     n_swa: int
     compress_base: float  # rope base of the compressed layers, their compressors and the indexer
+    compress_scale: float  # and their frequency scale (1 / rope.scaling.factor)
+    yarn: Yarn | None  # and YaRN's correction, where rope.scaling.type is yarn
     ratios: tuple[int, ...]
     hc_iterations: int
     hc_eps: float
@@ -101,6 +115,9 @@ class DSV4Layer:
 @register("deepseek4")
 class DeepSeek4(Model):
     arch = "deepseek4"
+    ops = Model.ops + ("HC_MIX", "HC_POST", "COMPRESS_POOL", "LIGHTNING_INDEXER", "TOP_K_MASK", "MOE_ROUTE")
+    embeddings_refusal = ("deepseek4 gives no embeddings: its hidden state is four hyper-connection streams that only "
+                          "its output head mixes into one, and llama.cpp's DeepSeek-V4 memory refuses embedding batches")
 
     def load_hparams(self, gguf: GGUFFile) -> HParams:
         key = lambda name: f"{self.arch}.{name}"  # noqa: E731
@@ -118,6 +135,7 @@ class DeepSeek4(Model):
         hp.swa_layers = frozenset(range(hp.n_layer))
         self.v4 = self._read_params(gguf, hp)
         self._check_tensors(gguf, hp)
+        self.indexer_basis = hadamard(indexer_rotation_block(self.v4.indexer_dim))
         return hp
 
     def _check_tensors(self, gguf: GGUFFile, hp: HParams) -> None:
@@ -156,10 +174,6 @@ class DeepSeek4(Model):
         if (hp.head_dim_k - hp.n_rot) % 2:
             raise ModelFileError(f"{gguf.path}: {key('attention.key_length')} {hp.head_dim_k} less "
                                  f"{key('rope.dimension_count')} {hp.n_rot} must be even")
-        if gguf.get_str(key("rope.scaling.type"), "none") not in ("none", ""):
-            raise UnsupportedError(f"{gguf.path}: {key('rope.scaling.type')} "
-                                   f"'{gguf.get_str(key('rope.scaling.type'))}' (YaRN in the compressed layers) "
-                                   "is not implemented for deepseek4")
 
     def _read_params(self, gguf: GGUFFile, hp: HParams) -> DSV4Params:
         key = lambda name: f"{self.arch}.{name}"  # noqa: E731
@@ -185,15 +199,33 @@ class DeepSeek4(Model):
                                  f"{key('attention.indexer.key_length')} {idx_dim}")
         n_hash = gguf.get_int(key("hash_layer_count"), lo=0, hi=hp.n_layer)
         clamp = self._per_layer(gguf, key("swiglu_clamp_exp"), hp.n_layer)
+        compress_base = gguf.get_float(key("attention.compress_rope_freq_base"), hi=1e12, positive=True)
+        compress_scale, scaling = self._rope_scaling(gguf, hp, compress_base)
         return DSV4Params(
             q_lora=gguf.get_int(key("attention.q_lora_rank"), lo=1, hi=1 << 16), n_group=n_group,
             o_lora=gguf.get_int(key("attention.output_lora_rank"), lo=1, hi=1 << 16), n_swa=hp.n_swa,
-            compress_base=gguf.get_float(key("attention.compress_rope_freq_base"), hi=1e12, positive=True),
-            ratios=ratios, hc_iterations=gguf.get_int(key("hyper_connection.sinkhorn_iterations"), lo=1, hi=1 << 10),
+            compress_base=compress_base, compress_scale=compress_scale, yarn=scaling, ratios=ratios, hc_iterations=gguf.get_int(key("hyper_connection.sinkhorn_iterations"), lo=1, hi=1 << 10),
             hc_eps=gguf.get_float(key("hyper_connection.epsilon"), lo=0.0, hi=1.0), n_hash=n_hash, clamp=clamp,
             shared_clamp=self._per_layer(gguf, key("swiglu_clamp_shexp"), hp.n_layer, clamp),
             indexer_heads=gguf.get_int(key("attention.indexer.head_count"), lo=1, hi=1 << 12), indexer_dim=idx_dim,
             indexer_top_k=gguf.get_int(key("attention.indexer.top_k"), lo=1, hi=1 << 24))
+
+    def _rope_scaling(self, gguf: GGUFFile, hp: HParams, base: float) -> tuple[float, Yarn | None]:
+        """The compressed layers' frequency scale and YaRN correction, as llama.cpp's context makes
+        them: the scale from rope.scaling.factor (none: 1), YaRN's ramp where the type is yarn, its
+        magnitude factor cancelled (llama.cpp's dsv4_rope_attn_factor), beta 32 / 1 (not read)."""
+        key = lambda name: f"{self.arch}.rope.scaling.{name}"  # noqa: E731
+        kind = gguf.get_str(key("type"), "linear")
+        if kind not in ("none", "linear", "yarn"):
+            raise UnsupportedError(f"{gguf.path}: metadata {key('type')} '{kind}' is not supported for deepseek4 "
+                                   "(none, linear or yarn)")
+        factor = gguf.get_float(key("factor"), 0.0, lo=0.0, hi=1e6)
+        scale = 1.0 if kind == "none" or factor == 0.0 else float(np.float32(1) / np.float32(factor))
+        if kind != "yarn":
+            return scale, None
+        n_ctx_orig = gguf.get_int(key("original_context_length"), hp.n_ctx_train, lo=1, hi=1 << 30)
+        attn_factor = float(np.float32(1) / (np.float32(1) + np.float32(0.1) * np.log(np.float32(1) / np.float32(scale))))
+        return scale, yarn(hp.n_rot, n_ctx_orig, base, scale, attn_factor=attn_factor)
 
     def _ratios(self, gguf: GGUFFile, n_layer: int) -> tuple[int, ...]:
         name = f"{self.arch}.attention.compress_ratios"
@@ -359,60 +391,58 @@ class DeepSeek4(Model):
     def hyper_pre(self, g, streams, hc: HyperWeights):
         """A sub-block's input Σ_h pre_h·stream_h, and the post weights and Sinkhorn-normalised
         comb[src, dst] that hyper_post spreads its output with."""
-        xp, eps, n = g.ops.xp, np.float32(self.v4.hc_eps), HC_STREAMS
-        mix = self._mix(g, streams, hc)
-        pre = _sigmoid(mix[:, :n] * hc.scale[0] + hc.base[:n], xp) + eps
-        post = 2 * _sigmoid(mix[:, n:2 * n] * hc.scale[1] + hc.base[n:2 * n], xp)
-        comb = (mix[:, 2 * n:] * hc.scale[2] + hc.base[2 * n:]).reshape(len(mix), n, n)  # [token, src, dst]
-        comb = xp.exp(comb - comb.max(axis=2, keepdims=True))
-        comb = comb / comb.sum(axis=2, keepdims=True) + eps
-        comb = comb / (comb.sum(axis=1, keepdims=True) + eps)
-        for _ in range(self.v4.hc_iterations - 1):
-            comb = comb / (comb.sum(axis=2, keepdims=True) + eps)
-            comb = comb / (comb.sum(axis=1, keepdims=True) + eps)
+        pre, post, comb = hc_mix(self._mix(g, streams, hc), hc.scale, hc.base, HC_STREAMS, self.v4.hc_iterations,
+                                 self.v4.hc_eps, g.ops.xp)
         return (pre[:, :, None] * streams).sum(axis=1), post, comb
 
     @staticmethod
     def hyper_post(g, out, streams, post, comb):
-        """stream_dst ← post_dst·out + Σ_src comb[src, dst]·stream_src."""
-        xp = g.ops.xp
-        return post[:, :, None] * out[:, None, :] + xp.matmul(comb.transpose(0, 2, 1), streams)
+        return hc_post(out, streams, post, comb, g.ops.xp)
 
     def hyper_head(self, g, streams):
         """The head's mix of the streams: Σ_h pre_h·stream_h (no post, no comb)."""
         hc, xp = self.hc_head, g.ops.xp
-        pre = _sigmoid(self._mix(g, streams, hc) * hc.scale[0] + hc.base, xp) + np.float32(self.v4.hc_eps)
+        pre = sigmoid(self._mix(g, streams, hc) * hc.scale[0] + hc.base, xp) + np.float32(self.v4.hc_eps)
         return (pre[:, :, None] * streams).sum(axis=1)
 
     # ---- attention -------------------------------------------------------------------------
 
-    def rope_tail(self, g, x, base: float, pos=None, inverse: bool = False):
-        """RoPE on the last n_rot dims of each head of x (n, heads, dim)."""
+    def rope_of(self, ratio: int) -> tuple:
+        """(base, frequency scale, YaRN) of a layer's rope: the file's base alone where it keeps no
+        compressed rows; where it does, the compressed base and the context's scaling."""
+        v4 = self.v4
+        if not ratio:
+            return self.hparams.rope_freq_base, 1.0, None
+        return v4.compress_base, v4.compress_scale, v4.yarn
+
+    def rope_tail(self, g, x, rope: tuple, pos=None, inverse: bool = False):
+        """RoPE (`rope_of`) on the last n_rot dims of each head of x (n, heads, dim)."""
         xp, n_rot = g.ops.xp, self.hparams.n_rot
-        tail = g.rope_at(xp.ascontiguousarray(x[..., -n_rot:]), base, pos, inverse)
+        base, freq_scale, scaling = rope
+        tail = g.rope_at(xp.ascontiguousarray(x[..., -n_rot:]), base, pos, inverse, freq_scale, scaling)
         return xp.concatenate([x[..., :-n_rot], tail], axis=-1)
 
     def attention(self, g, il: int, layer: DSV4Layer, h):
         hp, v4 = self.hparams, self.v4
         ratio = v4.ratios[il]
-        base = v4.compress_base if ratio else hp.rope_freq_base
+        rope = self.rope_of(ratio)
         n, H, D = len(h), hp.n_head, hp.head_dim_k
         q_a = g.norm(g.linear(h, layer.wq_a), layer.q_a_norm)
-        q = self.rope_tail(g, g.norm(g.linear(q_a, layer.wq_b).reshape(n, H, D), None), base)
-        kv = self.rope_tail(g, g.norm(g.linear(h, layer.wkv), layer.kv_norm)[:, None, :], base)
+        q = self.rope_tail(g, g.norm(g.linear(q_a, layer.wq_b).reshape(n, H, D), None), rope)
+        kv = self.rope_tail(g, g.norm(g.linear(h, layer.wkv), layer.kv_norm)[:, None, :], rope)
         indexer = None
         if ratio:
             view = g.mctx.layer(il)
-            self.compress(g, view, "attn", h, layer.compressor, base)
+            self.compress(g, view, "attn", h, layer.compressor, rope)
             if layer.indexer is not None:
-                self.compress(g, view, "indexer", h, layer.indexer.compressor, base, rotate=True)
-                indexer = self.indexer_queries(g, layer.indexer, h, q_a, base)
+                self.compress(g, view, "indexer", h, layer.indexer.compressor, rope, rotate=True)
+                indexer = self.indexer_queries(g, layer.indexer, h, q_a, rope)
         out = g.attn(il, q, kv, None, 1.0 / math.sqrt(D), v_dim=D, indexer=indexer, sinks=layer.sinks)
-        out = self.rope_tail(g, out.reshape(n, H, D), base, inverse=True)
+        out = self.rope_tail(g, out.reshape(n, H, D), rope, inverse=True)
         grouped = out.reshape(n, v4.n_group, H * D // v4.n_group)
         return g.linear(g.per_head(grouped, layer.wo_a).reshape(n, -1), layer.wo_b)
 
-    def compress(self, g, view, kind: str, h, c: Compressor, base: float, rotate: bool = False) -> None:
+    def compress(self, g, view, kind: str, h, c: Compressor, rope: tuple, rotate: bool = False) -> None:
         """Project the ubatch's tokens for layer view's `kind` rows; pool every block the ubatch
         completes (softmax over its candidates, per channel), RMS-norm it, rope it at the block's
         first position (and rotate an indexer key), and store it."""
@@ -422,29 +452,20 @@ class DeepSeek4(Model):
         blocks = view.compressor_input(kind, kv, score)
         if blocks is None:
             return
-        weights = xp.exp(blocks.score - blocks.score.max(axis=1, keepdims=True))
-        pooled = (weights * blocks.kv).sum(axis=1) / weights.sum(axis=1)
-        rows = self.rope_tail(g, g.norm(pooled, c.norm)[:, None, :], base, pos=blocks.pos)[:, 0]
+        pooled = compress_pool(blocks.kv, blocks.score, xp)
+        rows = self.rope_tail(g, g.norm(pooled, c.norm)[:, None, :], rope, pos=blocks.pos)[:, 0]
         view.store_rows(kind, blocks, self.rotated(g, rows) if rotate else rows)
 
     def rotated(self, g, x):
-        """x (…, dim) in the indexer's Hadamard basis: blocks of the largest 64·2^k dividing dim."""
-        from ..memory.masks import hadamard
-
-        dim = x.shape[-1]
-        block = HADAMARD_BLOCK
-        while dim % (2 * block) == 0:
-            block *= 2
-        basis = g.ops.asarray(hadamard(block))
+        """x (…, dim) in the indexer's Hadamard basis, block by block (indexer_basis)."""
+        dim, block = x.shape[-1], len(self.indexer_basis)
+        basis = g.ops.asarray(self.indexer_basis)
         return (x.reshape(*x.shape[:-1], dim // block, block) @ basis).reshape(x.shape)
 
-    def indexer_queries(self, g, ix: Indexer, h, q_a, base: float) -> IndexerInput:
+    def indexer_queries(self, g, ix: Indexer, h, q_a, rope: tuple) -> IndexerInput:
         v4 = self.v4
         q = g.linear(q_a, ix.wq).reshape(len(h), v4.indexer_heads, v4.indexer_dim)
-        q = self.rotated(g, self.rope_tail(g, q, base))
+        q = self.rotated(g, self.rope_tail(g, q, rope))
         weights = g.linear(h, ix.proj) * np.float32(1.0 / math.sqrt(v4.indexer_dim * v4.indexer_heads))
         return IndexerInput(None, q, weights)
 
-
-def _sigmoid(x, xp):
-    return np.float32(1.0) / (np.float32(1.0) + xp.exp(-x))

@@ -16,7 +16,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from ...errors import LLMError
 from ...quants import (Q8_1_OFFSET_TYPES, QUANT_32_TYPES, QUANT_K_TYPES, dequantize, ggml_activations, q8_1_offset_error,
                       quantize_rows)
-from ..base import OPS, Backend
+from ..base import OPS, Backend, Yarn, yarn_angles
 from ..weights import BlockRows, QuantWeight
 
 # Query rows per attention block: bounds the score matrix and lets causal blocks skip future keys.
@@ -475,14 +475,17 @@ class CPUBackend(Backend):
     # ---- rotary embeddings ---------------------------------------------------------------
 
     @staticmethod
-    def rope_cache(pos: np.ndarray, n_rot: int, freq_base: float, freq_scale: float = 1.0):
-        """cos/sin tables (n_tokens, n_rot/2), with ggml's float32 angle recurrence."""
+    def rope_cache(pos: np.ndarray, n_rot: int, freq_base: float, freq_scale: float = 1.0, scaling: Yarn | None = None):
+        """cos/sin tables (n_tokens, n_rot/2), with ggml's float32 angle recurrence (and YaRN's ramp)."""
         theta_scale = np.float32(freq_base) ** np.float32(-2.0 / n_rot)
         steps = np.empty((len(pos), n_rot // 2), dtype=np.float32)
         steps[:, 0] = pos
         steps[:, 1:] = theta_scale
-        theta = np.cumprod(steps, axis=1, dtype=np.float32) * np.float32(freq_scale)
-        return np.cos(theta), np.sin(theta)
+        theta = yarn_angles(np.cumprod(steps, axis=1, dtype=np.float32), freq_scale, scaling)
+        if scaling is None or scaling.mscale == 1.0:
+            return np.cos(theta), np.sin(theta)
+        mscale = np.float32(scaling.mscale)
+        return np.cos(theta) * mscale, np.sin(theta) * mscale
 
     @staticmethod
     def rope(x: np.ndarray, table, neox: bool) -> np.ndarray:
