@@ -108,14 +108,16 @@ def test_a_sequence_alone_equals_it_in_a_batch_of_three(arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_save_load_continue_equals_an_uninterrupted_run(arch):
+    """The same batches with and without a save and load between them, bit for bit (one 96-token
+    pass instead takes other kernels, whose ggml roundings differ on an AMD EPYC)."""
     ids = reference(arch)["ids"]
-    whole, _ = decode(arch, ids)
     _, first = decode(arch, ids[:50])
     saved = first.state_bytes(ids[:50])
+    assert first.decode(Batch.from_tokens(ids[50:], all_outputs=True)) == DecodeStatus.OK
     ctx = Context(tiny_ssm(arch), ContextParams(n_ctx=2048))
     assert ctx.load_state_bytes(saved) == ids[:50]
     assert ctx.decode(Batch.from_tokens(ids[50:], all_outputs=True)) == DecodeStatus.OK
-    np.testing.assert_array_equal(ctx.logits, whole[50:])
+    np.testing.assert_array_equal(ctx.logits, first.logits)
 
 
 def test_a_sequence_state_moves_between_cells():

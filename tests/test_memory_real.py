@@ -79,6 +79,7 @@ def test_tiny_gemma3_every_kind_matches_recomputation():
         assert tokens == ref_tokens and np.abs(logits - ref_logits).max() <= 1e-4, kind
 
 
+@pytest.mark.float_reference  # under ggml numerics the two paths round in other orders (4.5e-4 on an AMD EPYC)
 @pytest.mark.parametrize("kv", ["unified", "none"])
 def test_sparse_window_attention_equals_dense(kv):
     """Window layers over a full cache carry the bound n_kv_max = window; forcing the sparse path

@@ -368,13 +368,15 @@ def test_a_broken_deepseek4_file_is_one_clear_error(tmp_path, monkeypatch, edit,
 
 # ---- the tools -----------------------------------------------------------------------------------
 
-def test_the_tools_run_it(tmp_path):
+@pytest.mark.parametrize("name, embed_refusal", [("deepseek4", "deepseek4 gives no embeddings"),
+                                                  ("glm-dsa", "has no pooling type")])
+def test_the_tools_run_it(tmp_path, name, embed_refusal):
     """generate (several sequences, a prompt cache reused), perplexity with a KL-divergence base,
     bench with the attention path as an axis, batched-bench; embed refused with its reason."""
     from test_cli import assert_one_line_error, llm
     from test_perplexity import HAMLET
 
-    model = str(tiny_path("deepseek4"))
+    model = str(tiny_path(name))
     prompt = "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer"
     first = llm("generate", "-m", model, "-p", prompt, "-n", "8", "--temp", "0", "-np", "2")
     assert first.returncode == 0, first.stderr
@@ -387,13 +389,13 @@ def test_the_tools_run_it(tmp_path):
     assert llm(*ppl, "-f", str(HAMLET), "--kl-divergence-base", str(base)).returncode == 0
     kld = llm(*ppl, "--kl-divergence-base", str(base), "--kl-divergence")
     assert kld.returncode == 0 and any(ln.startswith("Same top p:") for ln in kld.stdout.splitlines()), kld.stderr
-    bench = llm("bench", "-m", model, "-p", "64", "-n", "4", "-d", "0,160", "-r", "1", "--attn", "dense,sparse",
+    bench = llm("bench", "-m", model, "-p", "64", "-n", "4", "-d", "0,96", "-r", "1", "--attn", "dense,sparse",
                 "-o", "json")
     assert bench.returncode == 0, bench.stderr
     assert len(json.loads(bench.stdout)) == 8  # 2 tests × 2 depths × 2 paths
     batched = llm("batched-bench", "-m", model, "-c", "512", "-npp", "16", "-ntg", "4", "-npl", "1,2")
     assert batched.returncode == 0, batched.stderr
-    assert_one_line_error(llm("embed", "-m", model, "-p", "hello"), "deepseek4 gives no embeddings")
+    assert_one_line_error(llm("embed", "-m", model, "-p", "hello"), embed_refusal)
 
 
 def test_corrupt_state_files_are_refused_and_change_nothing():
