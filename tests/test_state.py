@@ -104,8 +104,9 @@ def target(params: ContextParams) -> Context:
     return ctx
 
 
-def layout(params: ContextParams, data: bytes, seq) -> list[tuple[str, int, int]]:
-    """(field, offset, size) of every read a valid state file takes, in order."""
+def layout(params: ContextParams, data: bytes, seq, model=None) -> list[tuple[str, int, int]]:
+    """(field, offset, size) of every read a valid state file takes, in order (tiny Gemma 3's unless
+    another model is given)."""
     reads = []
     take = StateReader._take
 
@@ -114,7 +115,7 @@ def layout(params: ContextParams, data: bytes, seq) -> list[tuple[str, int, int]
         return take(self, n, field)
 
     with mock.patch.object(StateReader, "_take", recording_take):
-        Context(tiny_gemma3(), params).load_state_bytes(data, seq)
+        Context(model or tiny_gemma3(), params).load_state_bytes(data, seq)
     return reads
 
 

@@ -87,7 +87,7 @@ def test_naive_and_latent_attention_agree():
     assert np.abs(latent - naive).max() / np.abs(naive).max() <= 1e-4
 
 
-@pytest.mark.parametrize("name", ["deepseek2", "deepseek32"])
+@pytest.mark.parametrize("name", ["deepseek2", "deepseek32", "glm-dsa"])
 def test_routing_matches_llama_cpp(name):
     ref = tiny_reference(name)
     _, seen = decode_observed(name, ref["ids"], **AS_LLAMA_CPP)

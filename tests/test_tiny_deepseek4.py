@@ -401,24 +401,13 @@ def test_the_tools_run_it(tmp_path, name, embed_refusal):
 def test_corrupt_state_files_are_refused_and_change_nothing():
     """Truncated anywhere, or a field rewritten with a valid checksum (the compressed part's token
     count, cache type, layer table and ring shapes): refused in one sentence, the memory unchanged."""
-    import struct
-    import zlib
-    from unittest import mock
-
-    from llmsuite.core.statefile import StateFileError, StateReader
+    from llmsuite.core.statefile import StateFileError
+    from test_state import layout, sealed
 
     donor = context(n_seq_max=2)
     assert donor.decode(Batch.from_tokens(ids()[:70], seq_id=1)) == 0
     data = donor.state_bytes(ids()[:70], seq=1)
-    reads = []
-    take = StateReader._take
-
-    def recording(self, n, field):
-        reads.append((field, self.pos, n))
-        return take(self, n, field)
-
-    with mock.patch.object(StateReader, "_take", recording):
-        context(n_seq_max=2).load_state_bytes(data, seq=1)
+    reads = layout(donor.params, data, 1, donor.model)
     target = context(n_seq_max=2)
     assert target.decode(Batch.from_tokens(ids()[:9], seq_id=1)) == 0
     before = target.state_bytes()
@@ -436,9 +425,9 @@ def test_corrupt_state_files_are_refused_and_change_nothing():
                                                                                   "compressor"))]
     assert len(edited) >= 6
     for field, at, n in edited:
-        bad = bytearray(data[:-4])
+        bad = bytearray(data)
         bad[at:at + n] = bytes(b ^ 0x5A for b in bad[at:at + n])
-        refused(bytes(bad) + struct.pack("<I", zlib.crc32(bytes(bad))))
+        refused(sealed(bad))
 
 
 def test_yarn_scales_the_compressed_layers_only(tmp_path):

@@ -22,7 +22,7 @@ from llmsuite.core.graph import Graph, IndexerInput
 from llmsuite.core.memory import AttnGroup
 from llmsuite.core.memory.masks import IndexerTopK, indexer_scores, top_k_mask
 from llmsuite.core.models import load_model
-from test_tiny_deepseek import AS_LLAMA_CPP, GAP, compare_logits, dsa_flips, dsa_selections
+from test_tiny_deepseek import AS_LLAMA_CPP, FRAGILE, compare_logits, dsa_flips, dsa_selections, fragile_positions
 
 NAME = "glm-dsa"
 TOP_K = 12
@@ -36,10 +36,9 @@ LLAMA_UB16_FLIPS = {67}  # llama.cpp's own -ub 16 run flipped layer 2's selectio
 def test_logits_match_llama_cpp():
     ref = tiny_reference(NAME)
     logits, seen = decode_observed(NAME, ref["ids"], **AS_LLAMA_CPP)
-    flipped = dsa_flips(seen, NAME)  # none measured; a near-tie (gap < 1e-3) may flip with the summation order
-    assert len(flipped) <= 1
+    flipped = dsa_flips(seen, NAME)  # none measured; a near-tie may flip with the summation order
+    assert len(flipped) <= 1 and flipped <= fragile_positions(NAME)
     assert compare_logits(logits, ref["top"], 0.03, skip=flipped) >= 60
-    compare_logits(logits, ref["top"], 0.2)  # a flipped selection moves a position as llama.cpp's -fa off does (0.17)
     assert np.abs(logits[-1] - np.array(ref["last_logits"])).max() <= 0.01  # all 49152
     for tensor, values in ref["debug"]["hidden"].items():
         expected = np.array(values)
@@ -50,7 +49,7 @@ def test_logits_match_llama_cpp():
 @pytest.mark.parametrize("n_ubatch", [512, 16])
 def test_indexer_selects_llama_cpps_keys(n_ubatch):
     """Each full layer's kept keys per query equal llama.cpp's wherever the boundary gap (12th against
-    13th score) is at least 1e-3 (measured: equal at all 96 positions, ub 512 and 16); queries that see
+    13th score) is at least FRAGILE (measured: equal at all 96 positions, ub 512 and 16); queries that see
     at most 12 keys keep them all; each shared layer attends with its full layer's selection."""
     ref = tiny_reference(NAME)
     _, seen = decode_observed(NAME, ref["ids"], n_ubatch=n_ubatch, **AS_LLAMA_CPP)
@@ -59,24 +58,17 @@ def test_indexer_selects_llama_cpps_keys(n_ubatch):
         for pos, (keys, gap) in enumerate(zip(info["selected_keys"], info["boundary_gap_per_position"])):
             if gap is None:
                 assert got[pos] == list(range(pos + 1))
-            elif gap >= GAP:
+            elif gap >= FRAGILE:
                 assert got[pos] == keys, (il, pos)
             assert len(got[pos]) == min(pos + 1, TOP_K)
         for shared in info["used_by_layers"]:
             assert dsa_selections(seen, shared) == got, (il, shared)
 
 
-def test_routing_matches_llama_cpp_with_sigmoid_gating_by_default():
-    """The file has no expert_gating_func: sigmoid, as in llama.cpp (margins ≥ 1.8e-3, all checked)."""
+def test_gating_is_sigmoid_by_default():
+    """The file has no expert_gating_func: sigmoid, as in llama.cpp (the routing itself is checked
+    against llama.cpp's in test_tiny_deepseek.py: margins ≥ 1.8e-3, all positions)."""
     assert tiny_model(tiny_path(NAME)).hparams.moe.gating == "sigmoid"
-    ref = tiny_reference(NAME)
-    _, seen = decode_observed(NAME, ref["ids"], **AS_LLAMA_CPP)
-    for il, info in ref["debug"]["moe"].items():
-        experts = seen[f"ffn_moe_topk-{il}"]
-        checked = [pos for pos, m in enumerate(info["expert_margin_per_position"]) if m >= GAP]
-        assert len(checked) >= 90
-        for pos in checked:
-            assert sorted(experts[pos]) == sorted(info["selected_experts"][pos]), (il, pos)
 
 
 def test_micro_batch_size_agrees_with_llama_cpps_alt_run():
