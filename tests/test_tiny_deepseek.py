@@ -105,11 +105,14 @@ def test_routing_matches_llama_cpp(name):
 
 
 @pytest.mark.parametrize("n_ubatch", [512, 16])
-def test_indexer_selects_llama_cpps_keys(n_ubatch):
-    """Every layer's selected key set per query equals llama.cpp's wherever its boundary gap
-    (16th against 17th score) is at least FRAGILE; queries that see at most 16 keys keep them all."""
-    ref = tiny_reference("deepseek32")
-    _, seen = decode_observed("deepseek32", ref["ids"], n_ubatch=n_ubatch, **AS_LLAMA_CPP)
+@pytest.mark.parametrize("name, top_k", [("deepseek32", 16), ("glm-dsa", 12)])
+def test_indexer_selects_llama_cpps_keys(name, top_k, n_ubatch):
+    """Every indexer layer's selected key set per query equals llama.cpp's wherever its boundary gap
+    (top_k-th against the next score) is at least FRAGILE (glm-dsa: equal at all 96 positions);
+    queries that see at most top_k keys keep them all; GLM's shared layers attend with the selection
+    of their full layer."""
+    ref = tiny_reference(name)
+    _, seen = decode_observed(name, ref["ids"], n_ubatch=n_ubatch, **AS_LLAMA_CPP)
     for il, info in ref["debug"]["dsa"].items():
         got = dsa_selections(seen, int(il))
         for pos, (keys, gap) in enumerate(zip(info["selected_keys"], info["boundary_gap_per_position"])):
@@ -117,7 +120,9 @@ def test_indexer_selects_llama_cpps_keys(n_ubatch):
                 assert got[pos] == list(range(pos + 1))
             elif gap >= FRAGILE:
                 assert got[pos] == keys, (il, pos)
-            assert len(got[pos]) == min(pos + 1, 16)
+            assert len(got[pos]) == min(pos + 1, top_k)
+        for shared in info.get("used_by_layers", []):
+            assert dsa_selections(seen, shared) == got, (il, shared)
 
 
 def test_micro_batch_size_agrees_with_llama_cpps_alt_run():
