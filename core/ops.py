@@ -950,6 +950,7 @@ def _fa_cases(quick: bool) -> list[dict]:
         # DeepSeek-V4: one K=V head of 512 under 64 query heads with sinks, a window plus the kept rows
         cases.append(fa_params(512, 512, 1, 64, 1024, 2, sinks=True, n_kv_max=128 + 512, v_is_view_of_k=True,
                                path=path))
+        cases.append(fa_params(512, 512, 1, 16, 256, 1, sinks=True, n_kv_max=16 + 48, v_is_view_of_k=True, path=path))
         cases.append(fa_params(64, 64, 1, 4, 200, 16, sinks=True, n_kv_max=32 + 8, v_is_view_of_k=True, path=path))
         cases.append(fa_params(64, 64, 2, 4, 1024, 8, sinks=True, softcap=10.0, max_bias=8.0, n_kv_max=128,
                                type_kv="q8_0", path=path))

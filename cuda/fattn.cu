@@ -137,10 +137,12 @@ __device__ void decode_block(const float * q, const __half * k, const __half * v
         decode_block<D, DV, HG>(q, k, v, mask, indices, n_sel, part_acc, part_ml, ATTN_PARAMS, n_split); \
     }
 
-// head sizes 64, 128, 256 and 576/512 (MLA); HG heads per block keep HG * DV / 32 floats per lane
+// head sizes 64, 128, 256, 512 (DeepSeek-V4's one K=V head) and 576/512 (MLA); HG heads per block keep
+// HG * DV / 32 floats per lane
 DECODE_KERNEL(64, 64, 16)
 DECODE_KERNEL(128, 128, 8)
 DECODE_KERNEL(256, 256, 4)
+DECODE_KERNEL(512, 512, 4)
 DECODE_KERNEL(576, 512, 2)
 
 // Merge the splits of each (query row, head): out = sum_i e^(m_i - M) acc_i / (sum_i e^(m_i - M) l_i

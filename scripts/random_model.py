@@ -53,6 +53,20 @@ PRESETS = {
                       n_ff=4608, n_ctx=128000, rope_base=1e6, eps=1e-5, l_cache=3,
                       attention_layers=(2, 5, 8, 10, 12, 14), matrix_type=Q.F16, embd_type=Q.F16,
                       file_type=F.MOSTLY_F16),
+    # DeepSeek-V4-Flash's attention, indexer, compressor and hyper-connection shapes (64 query heads over
+    # one K=V head of 512, rope 64, q/output LoRA 1024 in 8 groups, a 128-token window, an indexer of
+    # 64 × 128 keeping 512 rows, 4 streams with 20 Sinkhorn rounds, the real vocabulary), cut in depth and
+    # width where attention at depth does not look: 6 of its 43 layers in its pattern (two window-only, then
+    # ratio 4 and 128 alternating, so a third of the layers select rows as against 20 of 43), the first 3
+    # routed by token id as its are, and 8 routed experts of width 512 (of 256 of 2048; 6 used, as its
+    # are); its one shared expert of 2048 as 4 shared of 512 (llama.cpp sizes the shared FFN as
+    # expert_shared_count × the expert width). Written F16 for --quantize.
+    "deepseek-v4-flash": dict(arch="deepseek4", n_vocab=129280, n_embd=4096, n_layer=6, n_head=64, head_dim=512,
+                              n_rot=64, q_lora=1024, o_groups=8, o_lora=1024, n_expert=8, n_used=6, n_shared=4,
+                              n_ff_exp=512, n_hash=3, window=128, indexer_heads=64, indexer_dim=128,
+                              indexer_top_k=512, hc=4, sinkhorn=20, ratios=(0, 0, 4, 128, 4, 128), n_ctx=1 << 20,
+                              rope_base=10000.0, compress_base=160000.0, eps=1e-6, swiglu_clamp=10.0,
+                              matrix_type=Q.F16, embd_type=Q.F16, file_type=F.MOSTLY_F16),
 }
 
 
@@ -88,11 +102,53 @@ def short_conv_layer_tensors(p: dict, il: int) -> dict[str, tuple[tuple[int, ...
             f"{blk}.shortconv.out_proj.weight": ((e, e), "matrix"), **ffn_tensors(p, blk)}
 
 
+def deepseek4_layer_tensors(p: dict, il: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    """DeepSeek-V4's block (llama.cpp's tensor table, ne reversed): attention, hyper-connections (F32),
+    the layer's compressor and indexer by its ratio, the router, the experts."""
+    e, h, d, blk = p["n_embd"], p["n_head"], p["head_dim"], f"blk.{il}"
+    ql, og, ol, ne = p["q_lora"], p["o_groups"], p["o_lora"], p["n_expert"]
+    mix, hcd = (2 + p["hc"]) * p["hc"], p["hc"] * e
+    out = {f"{blk}.attn_norm.weight": ((e,), "norm"), f"{blk}.attn_sinks.weight": ((h,), "norm"),
+           f"{blk}.attn_q_a.weight": ((ql, e), "matrix"), f"{blk}.attn_q_a_norm.weight": ((ql,), "norm"),
+           f"{blk}.attn_q_b.weight": ((h * d, ql), "matrix"), f"{blk}.attn_kv.weight": ((d, e), "matrix"),
+           f"{blk}.attn_kv_a_norm.weight": ((d,), "norm"),
+           f"{blk}.attn_output_a.weight": ((og * ol, h * d // og), "matrix"),
+           f"{blk}.attn_output_b.weight": ((e, og * ol), "matrix"),
+           f"{blk}.ffn_norm.weight": ((e,), "norm"), f"{blk}.ffn_gate_inp.weight": ((ne, e), "f32"),
+           f"{blk}.ffn_gate_exps.weight": ((ne, p["n_ff_exp"], e), "matrix"),
+           f"{blk}.ffn_up_exps.weight": ((ne, p["n_ff_exp"], e), "matrix"),
+           f"{blk}.ffn_down_exps.weight": ((ne, e, p["n_ff_exp"]), "matrix"),
+           f"{blk}.ffn_gate_shexp.weight": ((p["n_ff_exp"] * p["n_shared"], e), "matrix"),
+           f"{blk}.ffn_up_shexp.weight": ((p["n_ff_exp"] * p["n_shared"], e), "matrix"),
+           f"{blk}.ffn_down_shexp.weight": ((e, p["n_ff_exp"] * p["n_shared"]), "matrix")}
+    for sub in ("attn", "ffn"):
+        out.update({f"{blk}.hc_{sub}_fn.weight": ((mix, hcd), "f32"), f"{blk}.hc_{sub}_base.weight": ((mix,), "bias"),
+                    f"{blk}.hc_{sub}_scale.weight": ((3,), "norm")})
+    out[f"{blk}.ffn_gate_tid2eid.weight" if il < p["n_hash"] else f"{blk}.exp_probs_b.bias"] = \
+        ((p["n_vocab"], p["n_used"]), "experts") if il < p["n_hash"] else ((ne,), "bias")
+    ratio = p["ratios"][il]
+    if ratio:
+        out.update(compressor_tensors(f"{blk}.attn_compressor", ratio, d, e))
+    if ratio == 4:
+        out.update({f"{blk}.indexer.proj.weight": ((p["indexer_heads"], e), "f32"),
+                    f"{blk}.indexer.attn_q_b.weight": ((p["indexer_heads"] * p["indexer_dim"], ql), "matrix"),
+                    **compressor_tensors(f"{blk}.indexer_compressor", ratio, p["indexer_dim"], e)})
+    return out
+
+
+def compressor_tensors(prefix: str, ratio: int, width: int, n_embd: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    proj = 2 * width if ratio == 4 else width  # the ratio-4 rows overlap the block before
+    return {f"{prefix}_kv.weight": ((proj, n_embd), "matrix"), f"{prefix}_gate.weight": ((proj, n_embd), "matrix"),
+            f"{prefix}_ape.weight": ((ratio, proj), "bias"), f"{prefix}_norm.weight": ((width,), "norm")}
+
+
 def layer_tensors(p: dict, il: int) -> dict[str, tuple[tuple[int, ...], str]]:
     """name → (NumPy shape, kind) for one block: kinds "matrix", "norm", and for Mamba "f32"
-    (an unquantized matrix), "bias" and "decay"."""
+    (an unquantized matrix), "bias" and "decay"; DeepSeek-V4's hash routing "experts" (I32 ids)."""
     if p["arch"] == "mamba":
         return mamba_layer_tensors(p, il)
+    if p["arch"] == "deepseek4":
+        return deepseek4_layer_tensors(p, il)
     if p["arch"] == "lfm2" and il not in p["attention_layers"]:
         return short_conv_layer_tensors(p, il)
     e, hd = p["n_embd"], p["head_dim"]
@@ -117,6 +173,9 @@ def add_hparams(w: GGUFWriter, p: dict) -> None:
     if a == "mamba":
         add_ssm_hparams(w, p)
         return
+    if a == "deepseek4":
+        add_deepseek4_hparams(w, p)
+        return
     w.add_context_length(p["n_ctx"])
     w.add_embedding_length(p["n_embd"])
     w.add_block_count(p["n_layer"])
@@ -137,6 +196,36 @@ def add_hparams(w: GGUFWriter, p: dict) -> None:
         w.add_sliding_window(p["sliding_window"])
     if "l_cache" in p:
         w.add_uint32(f"{a}.shortconv.l_cache", p["l_cache"])
+
+
+def add_deepseek4_hparams(w: GGUFWriter, p: dict) -> None:
+    """The keys llama.cpp's deepseek4 loader reads (reference/llamacpp-deepseek4.md §1), written with
+    gguf's generic writers (its release has no DeepSeek-V4 helpers)."""
+    u = lambda k, v: w.add_uint32(f"deepseek4.{k}", v)  # noqa: E731
+    f = lambda k, v: w.add_float32(f"deepseek4.{k}", v)  # noqa: E731
+    n = p["n_layer"]
+    for key, value in (("context_length", p["n_ctx"]), ("embedding_length", p["n_embd"]), ("block_count", n),
+                       ("attention.head_count", p["n_head"]), ("attention.head_count_kv", 1),
+                       ("attention.key_length", p["head_dim"]), ("attention.value_length", p["head_dim"]),
+                       ("rope.dimension_count", p["n_rot"]), ("attention.q_lora_rank", p["q_lora"]),
+                       ("attention.sliding_window", p["window"]), ("expert_count", p["n_expert"]),
+                       ("expert_used_count", p["n_used"]), ("expert_shared_count", p["n_shared"]),
+                       ("expert_feed_forward_length", p["n_ff_exp"]), ("expert_gating_func", 4),
+                       ("attention.indexer.head_count", p["indexer_heads"]),
+                       ("attention.indexer.key_length", p["indexer_dim"]),
+                       ("attention.indexer.top_k", p["indexer_top_k"]), ("attention.output_group_count", p["o_groups"]),
+                       ("attention.output_lora_rank", p["o_lora"]), ("hyper_connection.count", p["hc"]),
+                       ("hyper_connection.sinkhorn_iterations", p["sinkhorn"]), ("hash_layer_count", p["n_hash"]),
+                       ("embedding_length_out", p["hc"] * p["n_embd"]), ("vocab_size", p["n_vocab"])):
+        u(key, value)
+    for key, value in (("rope.freq_base", p["rope_base"]), ("attention.layer_norm_rms_epsilon", p["eps"]),
+                       ("expert_weights_scale", 1.5), ("attention.compress_rope_freq_base", p["compress_base"]),
+                       ("hyper_connection.epsilon", 1e-6)):
+        f(key, value)
+    w.add_bool("deepseek4.expert_weights_norm", True)
+    w.add_array("deepseek4.attention.compress_ratios", list(p["ratios"]))
+    w.add_array("deepseek4.swiglu_clamp_exp", [p["swiglu_clamp"]] * n)
+    w.add_array("deepseek4.swiglu_clamp_shexp", [p["swiglu_clamp"]] * n)
 
 
 def add_ssm_hparams(w: GGUFWriter, p: dict) -> None:
@@ -190,11 +279,18 @@ def write_random_model(preset: str, path: Path, seed: int = 0, n_ctx: int = 0, *
     add_tokenizer(w, p["n_vocab"])
     final_norm = "token_embd_norm.weight" if p["arch"] == "lfm2" else "output_norm.weight"
     tensors = {"token_embd.weight": ((p["n_vocab"], p["n_embd"]), "embd"), final_norm: ((p["n_embd"],), "norm")}
+    if p["arch"] == "deepseek4":  # an untied head, mixed from the four streams
+        tensors.update({"output.weight": ((p["n_vocab"], p["n_embd"]), "matrix"),
+                        "output_hc_fn.weight": ((p["hc"], p["hc"] * p["n_embd"]), "f32"),
+                        "output_hc_base.weight": ((p["hc"],), "bias"), "output_hc_scale.weight": ((1,), "norm")})
     for il in range(p["n_layer"]):
         tensors.update(layer_tensors(p, il))
     for name, (shape, kind) in tensors.items():
         qtype = p["embd_type"] if kind == "embd" else p["matrix_type"]
-        data, raw_dtype = random_tensor(rng, shape, kind, qtype)
+        if kind == "experts":  # each token id's distinct experts (DeepSeek-V4's hash routing), I32
+            data, raw_dtype = np.argsort(rng.random((shape[0], p["n_expert"])), axis=1)[:, :shape[1]].astype(np.int32), None
+        else:
+            data, raw_dtype = random_tensor(rng, shape, kind, qtype)
         w.add_tensor(name, data, raw_dtype=raw_dtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()

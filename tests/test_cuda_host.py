@@ -174,6 +174,38 @@ def test_real_shapes_run_the_attention_kernels(tmp_path, preset, attn):
                         "sample_cdf_f32", "swiglu_fused_f32" if head == 64 else "geglu_fused_f32"} <= set(launches)
 
 
+def test_deepseek_v4_heads_run_the_512_gather_kernel(tmp_path):
+    """DeepSeek-V4-Flash's attention shape, narrowed (one K=V head of 512 under 16 query heads, rope 64,
+    sinks, a 16-token window, the indexer keeping 8 ratio-4 rows): the prompt's layer-2 attention
+    through the gather kernel on cuda-emu, the logits against the CPU's up to the first position whose
+    indexer keeps other rows, if any (random weights through f16 on the device: a near-tie). Measured
+    1.6e-3 of the logits' scale, no flip."""
+    from llmsuite.core.batch import Batch
+    from llmsuite.core.context import Context, ContextParams
+    from llmsuite.core.models import load_model
+
+    write = runpy.run_path(str(SCRIPTS / "random_model.py"))["write_random_model"]
+    path = write("deepseek-v4-flash", tmp_path / "m.gguf", n_layer=4, ratios=(0, 0, 4, 128), n_hash=1, n_vocab=512,
+                 n_embd=512, n_head=16, q_lora=256, o_lora=64, indexer_heads=8, window=16, indexer_top_k=8,
+                 n_ff_exp=64, n_shared=1, n_expert=2, n_used=2)  # every expert used: no routing near-ties
+    prompt, logits, kept = list(range(3, 64)), {}, {}
+    for backend in ("cpu", "cuda-emu"):
+        model = load_model(path, backend=backend)
+        observe = lambda name, ub, x, b=backend: name == "dsa_mask-2" and kept.__setitem__(  # noqa: E731
+            b, np.isfinite(np.asarray(model.backend.to_numpy(x))))
+        ctx = Context(model, ContextParams(n_ctx=128, backend=backend, attn="sparse", numerics="f32", type_k="f32",
+                                           type_v="f32"), observer=observe)
+        assert ctx.decode(Batch.from_tokens(prompt, all_outputs=True)) == 0, ctx.last_error
+        logits[backend] = np.asarray(ctx.backend.to_numpy(ctx.logits), np.float64)
+    launches = set(ctx.backend.runtime.launches + ctx.model.backend.runtime.launches)
+    assert {"fattn_decode_512_512_4", "mask_to_indices", "fattn_combine"} <= launches
+    flips = np.flatnonzero((kept["cpu"] != kept["cuda-emu"]).any(axis=1))
+    before = int(flips[0]) if len(flips) else len(prompt)
+    assert before > 40  # the indexer drops rows from position 35
+    cpu, dev = logits["cpu"], logits["cuda-emu"]
+    assert np.abs(dev[:before] - cpu[:before]).max() <= REL_LOGIT_BOUND * np.abs(cpu).max()
+
+
 def test_block_topk_makes_its_mask_on_the_device(emu):
     """On a CuPy-shaped module the producer runs its array code on device arrays (the mask never
     visits the host) and selects what the CPU's compiled kernel selects."""

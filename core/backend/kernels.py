@@ -27,7 +27,7 @@ KERNEL_FILE_BY_PREFIX = (("fattn_", "fattn.cu"), ("mask_to_indices", "fattn.cu")
                          ("convert_", "dequant.cu"), ("ssm_", "ssm.cu"))
 
 # (d_k, d_v) → query heads per block of the split-KV kernel (which also gathers sparse lists)
-GATHER_SHAPES = {(64, 64): 16, (128, 128): 8, (256, 256): 4, (576, 512): 2}
+GATHER_SHAPES = {(64, 64): 16, (128, 128): 8, (256, 256): 4, (512, 512): 4, (576, 512): 2}
 PREFILL_DIMS = (64, 128, 256)  # the WMMA kernel needs d_k == d_v
 PF_ROWS = PF_TILE = 64
 # Kernels that expand ggml blocks to f16: name, threads per block of data.
