@@ -446,3 +446,11 @@ def test_yarn_scales_the_compressed_layers_only(tmp_path):
     for il in (0, 1):
         np.testing.assert_array_equal(seen[("plain", f"l_last-{il}")], seen[("yarn", f"l_last-{il}")])
     assert np.abs(seen[("plain", "l_last-2")] - seen[("yarn", "l_last-2")]).max() > 1e-2
+
+
+def test_a_batch_that_asks_for_no_outputs_decodes():
+    """As llm bench's prompts do: the head mixes the streams of no rows."""
+    ctx = context()
+    batch = Batch.from_tokens(ids()[:40])
+    batch.output = np.zeros(40, bool)
+    assert ctx.decode(batch) == DecodeStatus.OK and ctx.memory.seq_pos_max(0) == 39

@@ -385,7 +385,7 @@ class DeepSeek4(Model):
 
     def _mix(self, g, streams, hc: HyperWeights):
         """The mixing logits of the streams: their concatenation RMS-normed (no weight), projected."""
-        flat = g.norm(streams.reshape(len(streams), -1), None)
+        flat = g.norm(streams.reshape(len(streams), HC_STREAMS * self.hparams.n_embd), None)  # a ubatch may output none
         return g.linear(flat, hc.fn)
 
     def hyper_pre(self, g, streams, hc: HyperWeights):
