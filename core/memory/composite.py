@@ -17,6 +17,8 @@ from .base import LoadedState, Memory, MemoryContext, MemoryStatus
 
 
 class CompositeMemory(Memory):
+    context_class = None  # a subclass's own CompositeContext (None: the plain one)
+
     def __init__(self, children: list[Memory]):
         self.children = tuple(children)
         self.owner = {il: child for child in self.children for il in child.layers}
@@ -35,7 +37,7 @@ class CompositeMemory(Memory):
 
     def context(self, ubatches: list[UBatch], placements) -> "CompositeContext":
         parts = [child.context(ubatches, p) for child, p in zip(self.children, placements)]
-        return CompositeContext(self, ubatches, parts)
+        return (self.context_class or CompositeContext)(self, ubatches, parts)
 
     def update(self, backend) -> bool:
         return any([child.update(backend) for child in self.children])

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..batch import UBatch
 from .base import AttnGroup
 from .composite import CompositeContext, CompositeMemory
 from .compressed import Blocks, CompressedContext, CompressedMemory
@@ -24,32 +23,12 @@ from .masks import WindowMask
 from .spec import AttnSpec
 
 
-def window_cells(n_ctx: int, n_swa: int, n_ubatch: int, n_seq: int = 1) -> int:
-    """Window-cache cells of a stream holding n_seq sequences: a window each and a ubatch, padded as
-    llama.cpp pads."""
-    return swa_cache_size(n_ctx, n_swa, n_seq, n_ubatch)
-
-
-class DSV4Memory(CompositeMemory):
-    kind = "dsv4"
-
-    def __init__(self, layers: dict[int, AttnSpec], n_ctx: int, n_seq_max: int, n_ubatch: int, n_swa: int,
-                 type_k: str = "f32", unified: bool = False, backend=None):
-        n_ctx_seq = n_ctx // n_seq_max
-        n_stream = 1 if unified else n_seq_max
-        cells = window_cells(n_ctx, n_swa, n_ubatch, n_seq_max) if unified else window_cells(n_ctx_seq, n_swa, n_ubatch)
-        window = WindowMask(n_swa)
-        self.raw = KVCache(layers, cells, n_seq_max, n_stream, type_k, type_k, n_swa=n_swa, swa_layers=layers,
-                           kind="dsv4-window", producers={il: window for il in layers}, backend=backend)
-        compressed = {il: spec for il, spec in layers.items() if spec.compress is not None}
-        self.compressed = CompressedMemory(compressed, n_seq_max, n_ctx_seq, type_k, self.raw.xp)
-        # the compressed part first: what it refuses (moving positions, copying a range) it refuses
-        # before the window cache has changed
-        super().__init__([self.compressed, self.raw])
-
-    def context(self, ubatches: list[UBatch], placements) -> "DSV4Context":
-        parts = [child.context(ubatches, p) for child, p in zip(self.children, placements)]
-        return DSV4Context(self, ubatches, parts)
+def window_layout(n_ctx: int, n_seq_max: int, n_swa: int, n_ubatch: int, unified: bool) -> tuple[int, int]:
+    """(streams, cells per stream) of the window cache: a window and a ubatch per stream, padded as
+    llama.cpp pads; one stream per sequence, or one shared by all of them (a window each)."""
+    if unified:
+        return 1, swa_cache_size(n_ctx, n_swa, n_seq_max, n_ubatch)
+    return n_seq_max, swa_cache_size(n_ctx // n_seq_max, n_swa, 1, n_ubatch)
 
 
 class DSV4Context(CompositeContext):
@@ -58,6 +37,23 @@ class DSV4Context(CompositeContext):
         if il not in self.memory.compressed.layers:
             return raw
         return CompressedLayerView(raw, self.parts[self.memory.compressed], il, self.memory.raw.xp)
+
+
+class DSV4Memory(CompositeMemory):
+    kind = "dsv4"
+    context_class = DSV4Context
+
+    def __init__(self, layers: dict[int, AttnSpec], n_ctx: int, n_seq_max: int, n_ubatch: int, n_swa: int,
+                 type_k: str = "f32", unified: bool = False, backend=None):
+        n_stream, cells = window_layout(n_ctx, n_seq_max, n_swa, n_ubatch, unified)
+        window = WindowMask(n_swa)
+        self.raw = KVCache(layers, cells, n_seq_max, n_stream, type_k, type_k, n_swa=n_swa, swa_layers=layers,
+                           kind="dsv4-window", producers={il: window for il in layers}, backend=backend)
+        compressed = {il: spec for il, spec in layers.items() if spec.compress is not None}
+        self.compressed = CompressedMemory(compressed, n_seq_max, n_ctx // n_seq_max, type_k, self.raw.xp)
+        # the compressed part first: what it refuses (moving positions, copying a range) it refuses
+        # before the window cache has changed
+        super().__init__([self.compressed, self.raw])
 
 
 class CompressedLayerView:

@@ -19,7 +19,7 @@ from ..errors import InvalidInputError
 from ..plugins import register
 from .base import Memory
 from .composite import HybridMemory
-from .dsv4 import DSV4Memory, window_cells
+from .dsv4 import DSV4Memory, window_layout
 from .iswa import KVCacheISWA, swa_cache_size
 from .kv_cache import KVCache
 from .masks import TOPK_AUTO_MIN_KV, TOPK_AUTO_RATIO, BlockTopK, IndexerTopK, MaskProducer, SparseParams, parse_layers
@@ -301,9 +301,8 @@ def _dsv4_only(spec: MemorySpec, arch: str, p: MemoryParams) -> str | None:
 def _dsv4_bytes(spec: MemorySpec, p: MemoryParams) -> int:
     """The window cache's rows, the compressed rows and the compressor rings."""
     n_ctx_seq = p.n_ctx // p.n_seq_max
-    cells = window_cells(p.n_ctx, spec.window, p.n_ubatch, p.n_seq_max) if p.kv_unified else \
-        window_cells(n_ctx_seq, spec.window, p.n_ubatch) * p.n_seq_max
-    total = sum(cells * row_bytes(p.type_k, layer.k_width) for layer in spec.of(AttnSpec).values())
+    n_stream, cells = window_layout(p.n_ctx, p.n_seq_max, spec.window, p.n_ubatch, p.kv_unified)
+    total = sum(n_stream * cells * row_bytes(p.type_k, layer.k_width) for layer in spec.of(AttnSpec).values())
     for layer in _compressed(spec).values():
         c = layer.compress
         widths = [c.width] + ([c.indexer.head_dim] if c.indexer else [])

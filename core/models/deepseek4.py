@@ -80,8 +80,7 @@ class HyperWeights:
 
 @dataclass
 class Compressor:
-    kv: np.ndarray  # (c·width, n_embd), c = 2 where blocks overlap
-    gate: np.ndarray
+    kv_gate: np.ndarray  # the kv and gate projections stacked, (2·c·width, n_embd), c = 2 where blocks overlap
     ape: np.ndarray  # (ratio, c·width): a score added by position in the block
     norm: np.ndarray
 
@@ -304,8 +303,8 @@ class DeepSeek4(Model):
     def _compressor(self, gguf: GGUFFile, prefix: str, ratio: int, width: int) -> Compressor:
         proj = 2 * width if ratio == 4 else width
         n_embd = self.hparams.n_embd
-        return Compressor(kv=self.weight(gguf, f"{prefix}_kv.weight", (proj, n_embd)),
-                          gate=self.weight(gguf, f"{prefix}_gate.weight", (proj, n_embd)),
+        return Compressor(kv_gate=self.fused(gguf, [(f"{prefix}_kv.weight", (proj, n_embd)),
+                                                    (f"{prefix}_gate.weight", (proj, n_embd))]),
                           ape=self.weight(gguf, f"{prefix}_ape.weight", (ratio, proj), matrix=False),
                           norm=self.weight(gguf, f"{prefix}_norm.weight", (width,)))
 
@@ -446,9 +445,9 @@ class DeepSeek4(Model):
         """Project the ubatch's tokens for layer view's `kind` rows; pool every block the ubatch
         completes (softmax over its candidates, per channel), RMS-norm it, rope it at the block's
         first position (and rotate an indexer key), and store it."""
-        xp = g.ops.xp
-        kv = g.linear(h, c.kv)
-        score = g.linear(h, c.gate) + c.ape[xp.asarray(g.ub.pos % len(c.ape))]
+        xp, proj = g.ops.xp, c.ape.shape[1]
+        kv_gate = g.linear(h, c.kv_gate)
+        kv, score = kv_gate[:, :proj], kv_gate[:, proj:] + c.ape[xp.asarray(g.ub.pos % len(c.ape))]
         blocks = view.compressor_input(kind, kv, score)
         if blocks is None:
             return
